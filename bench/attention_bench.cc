@@ -1,0 +1,229 @@
+#include "bench/attention_bench.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "bench/gemm_rate.h"
+#include "common/timer.h"
+
+namespace distca::bench {
+namespace {
+
+// One benchmark configuration. A "document" is one causal task over its whole
+// context; "shards" are tasks of shard_len queries whose contexts are sampled
+// up to context_len, all reading one shared KV prefix buffer (as on a server).
+struct Case {
+  bool shards = false;
+  int64_t shard_len = 0;
+  int64_t context_len = 0;
+  int q_heads = 0;
+  int kv_heads = 0;
+  int head_dim = 128;
+};
+
+struct Workload {
+  AttentionShape shape;
+  std::vector<AttentionTask> tasks;
+  std::vector<float> q, k, v, dout, out, lse, dq, dk, dv;
+};
+
+Workload MakeWorkload(const Case& c, int64_t target_pairs, uint64_t seed) {
+  Workload w;
+  w.shape.q_heads = c.q_heads;
+  w.shape.kv_heads = c.kv_heads;
+  w.shape.head_dim = c.head_dim;
+  w.shape.causal = true;
+  std::mt19937_64 rng(seed);
+  if (!c.shards) {
+    w.tasks.push_back({0, c.context_len, 0, c.context_len});
+  } else {
+    // Context lengths are whole multiples of the shard length in [shard, context_len].
+    std::uniform_int_distribution<int64_t> blocks(1, c.context_len / c.shard_len);
+    int64_t pairs = 0;
+    while (pairs < target_pairs || w.tasks.size() < 2) {
+      const int64_t ctx = blocks(rng) * c.shard_len;
+      AttentionTask t{int64_t(w.tasks.size()) * c.shard_len, c.shard_len, 0, ctx};
+      pairs += AttentionPairs({&t, 1}, true);
+      w.tasks.push_back(t);
+    }
+  }
+  int64_t max_kv = 0;
+  for (const AttentionTask& t : w.tasks) max_kv = std::max(max_kv, t.kv_len);
+  w.shape.total_q = int64_t(w.tasks.size()) * (c.shards ? c.shard_len : c.context_len);
+  w.shape.total_k = max_kv;
+  const int64_t qn = w.shape.total_q * c.q_heads * c.head_dim;
+  const int64_t kn = w.shape.total_k * c.kv_heads * c.head_dim;
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  auto fill = [&](std::vector<float>& x, int64_t n) {
+    x.resize(n);
+    for (float& e : x) e = dist(rng);
+  };
+  fill(w.q, qn);
+  fill(w.k, kn);
+  fill(w.v, kn);
+  fill(w.dout, qn);
+  w.out.assign(qn, 0.0f);
+  w.dq.assign(qn, 0.0f);
+  w.lse.assign(w.shape.total_q * c.q_heads, 0.0f);
+  w.dk.assign(kn, 0.0f);
+  w.dv.assign(kn, 0.0f);
+  return w;
+}
+
+Status Forward(Workload& w, const AttentionExec& exec) {
+  return AttentionForward(w.shape, w.tasks, {w.q.data(), w.k.data(), w.v.data(), w.out.data(), w.lse.data()}, exec);
+}
+
+Status Backward(Workload& w, const AttentionExec& exec) {
+  AttentionBackwardArgs a;
+  a.q = w.q.data();
+  a.k = w.k.data();
+  a.v = w.v.data();
+  a.dout = w.dout.data();
+  a.lse = w.lse.data();
+  a.out = w.out.data();
+  a.dq = w.dq.data();
+  a.dk = w.dk.data();
+  a.dv = w.dv.data();
+  return AttentionBackward(w.shape, w.tasks, a, exec);
+}
+
+// Best wall time of `fn` over runs lasting at least min_seconds in all. Runs
+// longer than min_seconds are measured once (their warm-up share is tiny).
+template <class Fn>
+double BestSeconds(Fn&& fn, double min_seconds) {
+  double best = 1e30, total = 0.0;
+  for (int rep = 0; total < min_seconds || rep < 1; ++rep) {
+    WallTimer t;
+    fn();
+    const double s = t.Seconds();
+    best = std::min(best, s);
+    total += s;
+  }
+  return best;
+}
+
+// Runs the kernel and the reference on a small batch of the case's head shape
+// and checks that they agree, so that no figure comes from a broken kernel.
+bool Validate(const Case& c, AttentionKernel kernel, std::string* error) {
+  Case small = c;
+  small.shards = true;
+  small.shard_len = 100;
+  small.context_len = 700;
+  Workload w = MakeWorkload(small, 100000, 99);
+  Workload ref = w;
+  const AttentionExec fast{kernel, 2}, oracle{AttentionKernel::kReference, 1};
+  for (Status s : {Forward(w, fast), Backward(w, fast), Forward(ref, oracle), Backward(ref, oracle)}) {
+    if (!s.ok()) {
+      *error = s.ToString();
+      return false;
+    }
+  }
+  // Inputs are O(1) and each row averages hundreds of terms; an error of 1e-3
+  // means the kernel is wrong, not imprecise (kernel_test.cc holds the tight bounds).
+  const std::pair<const std::vector<float>*, const std::vector<float>*> pairs[] = {
+      {&w.out, &ref.out}, {&w.dq, &ref.dq}, {&w.dk, &ref.dk}, {&w.dv, &ref.dv}};
+  for (auto [a, b] : pairs) {
+    for (size_t i = 0; i < a->size(); ++i) {
+      if (!(std::abs((*a)[i] - (*b)[i]) <= 1e-3f * (1.0f + std::abs((*b)[i])))) {
+        *error = fmt::format("kernel {} disagrees with the reference ({} vs {}) for heads {}x{}",
+                             AttentionKernelName(kernel), (*a)[i], (*b)[i], c.q_heads, c.kv_heads);
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+std::vector<Case> MakeCases(bool short_mode) {
+  std::vector<Case> cases;
+  const std::vector<std::pair<int, int>> heads =
+      short_mode ? std::vector<std::pair<int, int>>{{8, 2}} : std::vector<std::pair<int, int>>{{8, 2}, {32, 8}};
+  for (auto [hq, hkv] : heads) {
+    for (int64_t len : short_mode ? std::vector<int64_t>{1024, 4096} : std::vector<int64_t>{1024, 4096, 16384, 32768})
+      cases.push_back({false, len, len, hq, hkv});
+    const int64_t max_ctx = short_mode ? 8192 : 32768;
+    for (int64_t shard : short_mode ? std::vector<int64_t>{128, 512} : std::vector<int64_t>{64, 128, 512, 2048})
+      cases.push_back({true, shard, max_ctx, hq, hkv});
+  }
+  return cases;
+}
+
+}  // namespace
+
+bool RunAttentionBench(const AttentionBenchOptions& o, std::string* error) {
+  const AttentionKernel kernel = ResolveAttentionKernel(o.kernel);
+  const double min_seconds = o.min_seconds > 0 ? o.min_seconds : (o.short_mode ? 0.3 : 1.0);
+  const int64_t target_pairs = o.short_mode ? (int64_t{4} << 20) : (int64_t{32} << 20);
+  const std::vector<Case> cases = MakeCases(o.short_mode);
+
+  std::map<std::pair<int, int>, bool> validated;
+  for (const Case& c : cases) {
+    auto key = std::pair{c.q_heads, c.kv_heads};
+    if (!validated[key] && !Validate(c, kernel, error)) return false;
+    validated[key] = true;
+  }
+
+  std::map<int, double> gemm;
+  for (int t : o.threads) gemm[t] = MeasureGemmGflops(2048, t, min_seconds);
+
+  if (!o.json) {
+    fmt::print("distca-bench attention: kernel {}, head_dim 128, fp32, causal; FLOPs count causal pairs only\n",
+               AttentionKernelName(kernel));
+    fmt::print("validated against the reference kernel before timing\n");
+    for (auto [t, g] : gemm) fmt::print("oneDNN sgemm 2048^3, {} thread(s): {:.1f} GFLOP/s\n", t, g);
+    fmt::print("\n{:<9} {:<9} {:>6} {:>8} {:>7} {:>4} {:>10} {:>9} {:>7}\n", "direction", "workload", "shard",
+               "context", "heads", "thr", "time [ms]", "GFLOP/s", "/GEMM");
+  }
+  nlohmann::json records = nlohmann::json::array();
+  for (const Case& c : cases) {
+    Workload w = MakeWorkload(c, target_pairs, 7);
+    const double fwd_flops = 4.0 * double(AttentionPairs(w.tasks, true)) * c.head_dim * c.q_heads;
+    for (int t : o.threads) {
+      const AttentionExec exec{kernel, t};
+      Status status;
+      const double fwd_s = BestSeconds([&] { status = Forward(w, exec); }, min_seconds);
+      if (!status.ok()) {
+        *error = status.ToString();
+        return false;
+      }
+      const double bwd_s = BestSeconds([&] { status = Backward(w, exec); }, min_seconds);
+      if (!status.ok()) {
+        *error = status.ToString();
+        return false;
+      }
+      for (auto [dir, flops, secs] : {std::tuple{"forward", fwd_flops, fwd_s}, std::tuple{"backward", 2.5 * fwd_flops, bwd_s}}) {
+        const double gflops = flops / secs * 1e-9;
+        const double ratio = gflops / gemm[t];
+        if (o.json) {
+          records.push_back({{"direction", dir},
+                             {"workload", c.shards ? "shards" : "document"},
+                             {"kernel", AttentionKernelName(kernel)},
+                             {"shard_len", c.shard_len},
+                             {"context_len", c.context_len},
+                             {"head_dim", c.head_dim},
+                             {"q_heads", c.q_heads},
+                             {"kv_heads", c.kv_heads},
+                             {"threads", t},
+                             {"seconds", secs},
+                             {"gflops", gflops},
+                             {"gemm_gflops", gemm[t]},
+                             {"ratio", ratio}});
+        } else {
+          fmt::print("{:<9} {:<9} {:>6} {:>8} {:>7} {:>4} {:>10.2f} {:>9.1f} {:>7.3f}\n", dir,
+                     c.shards ? "shards" : "document", c.shard_len, c.context_len,
+                     fmt::format("{}x{}", c.q_heads, c.kv_heads), t, secs * 1e3, gflops, ratio);
+        }
+      }
+    }
+  }
+  if (o.json) fmt::print("{}\n", records.dump(1));
+  return true;
+}
+
+}  // namespace distca::bench

@@ -1,0 +1,46 @@
+// distca-bench: the project's benchmarks. Each subcommand prints a table, or
+// JSON with --json; --short is the mode CI runs.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <exception>
+#include <map>
+#include <string>
+
+#include "bench/attention_bench.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"distca benchmarks"};
+  app.require_subcommand(1);
+
+  distca::bench::AttentionBenchOptions attn;
+  std::string kernel = "auto";
+  CLI::App* attention = app.add_subcommand("attention", "CA engine forward/backward GFLOP/s vs the GEMM rate");
+  attention->add_flag("--short", attn.short_mode, "CI mode: fewer, smaller cases (under a minute)");
+  attention->add_flag("--json", attn.json, "print one JSON array of records instead of a table");
+  attention->add_option("--threads", attn.threads, "thread counts to measure (Default: 1 2)")
+      ->check(CLI::PositiveNumber)
+      ->delimiter(',');
+  attention->add_option("--kernel", kernel, "auto, scalar, avx2 or avx512 (Default: auto)")
+      ->check(CLI::IsMember({"auto", "scalar", "avx2", "avx512"}));
+  attention->add_option("--min-seconds", attn.min_seconds, "minimum time per measurement (Default: by mode)")
+      ->check(CLI::NonNegativeNumber);
+
+  CLI11_PARSE(app, argc, argv);
+
+  const std::map<std::string, distca::AttentionKernel> kernels = {{"auto", distca::AttentionKernel::kAuto},
+                                                                   {"scalar", distca::AttentionKernel::kScalar},
+                                                                   {"avx2", distca::AttentionKernel::kAvx2},
+                                                                   {"avx512", distca::AttentionKernel::kAvx512}};
+  attn.kernel = kernels.at(kernel);
+  try {
+    std::string error;
+    if (attention->parsed() && !distca::bench::RunAttentionBench(attn, &error)) {
+      std::fprintf(stderr, "distca-bench attention: %s\n", error.c_str());
+      return 1;
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "distca-bench: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,15 @@
+// Run-time CPU feature detection for choosing vector code paths.
+#pragma once
+
+namespace distca {
+
+struct CpuFeatures {
+  bool avx2_fma = false;  // AVX2 and FMA3, with OS support for ymm state
+  bool avx512 = false;    // AVX-512 F/BW/DQ/VL, with OS support for zmm state
+};
+
+// Detected once; cheap to call. DISTCA_CPU_MAX_ISA=scalar|avx2|avx512 caps the
+// result, so vector paths can be exercised or excluded on one machine.
+const CpuFeatures& DetectCpuFeatures();
+
+}  // namespace distca
