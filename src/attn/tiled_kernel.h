@@ -55,7 +55,7 @@ inline constexpr int64_t kLockRows = 64;
 struct TiledKernel {
   const char* name;
   int block_q;  // query rows per forward tile (work-item granularity)
-  int block_k;  // key rows per backward tile (work-item granularity)
+  int block_k;  // key rows per backward work item (work-item granularity)
   // Scratch floats one thread needs, for a head dimension.
   int64_t (*forward_workspace)(int head_dim);
   int64_t (*backward_workspace)(int head_dim);
