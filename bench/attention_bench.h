@@ -10,11 +10,11 @@
 namespace distca::bench {
 
 struct AttentionBenchOptions {
-  bool short_mode = false;                            // CI mode: well under a minute
-  bool json = false;                                  // print one JSON array instead of a table
-  std::vector<int> threads = {1, 2};                  // Default: 1 and 2 threads
-  AttentionKernel kernel = AttentionKernel::kAuto;    // Default: the fastest on this CPU
-  double min_seconds = 0.0;                           // per measurement; Default: 0 = by mode
+  bool short_mode = false;                          // CI mode: well under a minute
+  bool json = false;                                // print one JSON array instead of a table
+  std::vector<int> threads = {1, 2};                // Default: 1 and 2 threads
+  AttentionKernel kernel = AttentionKernel::kAuto;  // Default: the fastest on this CPU
+  double min_seconds = 0.0;                         // per measurement; Default: 0 = by mode
 };
 
 // Runs the benchmark and prints its results to stdout. Returns false, with a

@@ -28,9 +28,9 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   const std::map<std::string, distca::AttentionKernel> kernels = {{"auto", distca::AttentionKernel::kAuto},
-                                                                   {"scalar", distca::AttentionKernel::kScalar},
-                                                                   {"avx2", distca::AttentionKernel::kAvx2},
-                                                                   {"avx512", distca::AttentionKernel::kAvx512}};
+                                                                  {"scalar", distca::AttentionKernel::kScalar},
+                                                                  {"avx2", distca::AttentionKernel::kAvx2},
+                                                                  {"avx512", distca::AttentionKernel::kAvx512}};
   attn.kernel = kernels.at(kernel);
   try {
     std::string error;

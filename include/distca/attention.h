@@ -45,12 +45,12 @@ struct AttentionTask {
 };
 
 struct AttentionShape {
-  int64_t total_q = 0;  // rows of Q, O, dO, dQ
-  int64_t total_k = 0;  // rows of K, V, dK, dV
-  int q_heads = 0;      // Hq; a multiple of kv_heads
-  int kv_heads = 0;     // Hkv
-  int head_dim = 0;     // D, 1..kMaxHeadDim
-  bool causal = true;   // Default: true (bottom-right aligned causal mask)
+  int64_t total_q = 0;         // rows of Q, O, dO, dQ
+  int64_t total_k = 0;         // rows of K, V, dK, dV
+  int q_heads = 0;             // Hq; a multiple of kv_heads
+  int kv_heads = 0;            // Hkv
+  int head_dim = 0;            // D, 1..kMaxHeadDim
+  bool causal = true;          // Default: true (bottom-right aligned causal mask)
   float softmax_scale = 0.0f;  // Default: 0, meaning 1/sqrt(head_dim)
 
   static constexpr int kMaxHeadDim = 1024;
@@ -66,7 +66,7 @@ enum class AttentionKernel {
 
 struct AttentionExec {
   AttentionKernel kernel = AttentionKernel::kAuto;  // Default: kAuto
-  int num_threads = 0;  // Default: 0, OpenMP's default team size
+  int num_threads = 0;                              // Default: 0, OpenMP's default team size
 };
 
 struct AttentionForwardArgs {
@@ -87,9 +87,9 @@ struct AttentionBackwardArgs {
   // (head, row); passing it lets a server run the backward without O.
   const float* out = nullptr;    // (total_q, Hq, D)
   const float* delta = nullptr;  // (Hq, total_q)
-  float* dq = nullptr;  // (total_q, Hq, D), overwritten; zero where no task reads a row
-  float* dk = nullptr;  // (total_k, Hkv, D), overwritten: sums over every query head of
-  float* dv = nullptr;  //   the group and every task that read the row; zero elsewhere
+  float* dq = nullptr;           // (total_q, Hq, D), overwritten; zero where no task reads a row
+  float* dk = nullptr;           // (total_k, Hkv, D), overwritten: sums over every query head of
+  float* dv = nullptr;           //   the group and every task that read the row; zero elsewhere
 };
 
 Status AttentionForward(const AttentionShape& shape, std::span<const AttentionTask> tasks,
@@ -117,8 +117,8 @@ Status TasksFromCuSeqlens(std::span<const int32_t> cu_seqlens_q, std::span<const
 // A side with LSE = -inf contributes nothing; both -inf gives out = 0, lse = -inf.
 // `out`/`lse` may alias `out1`/`lse1` or `out2`/`lse2`.
 //   out1, out2, out: (rows, heads, head_dim)   lse1, lse2, lse: (heads, rows)
-Status MergePartials(int64_t rows, int heads, int head_dim, const float* out1, const float* lse1,
-                     const float* out2, const float* lse2, float* out, float* lse);
+Status MergePartials(int64_t rows, int heads, int head_dim, const float* out1, const float* lse1, const float* out2,
+                     const float* lse2, float* out, float* lse);
 
 // Number of (query, key) pairs the batch attends over (per head). Forward
 // FLOPs = 4 * pairs * D * Hq; backward = 2.5x forward. Assumes valid tasks.

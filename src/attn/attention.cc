@@ -26,7 +26,8 @@ std::string TaskName(size_t i) { return "tasks[" + std::to_string(i) + "]"; }
 Status ValidateShape(const AttentionShape& s) {
   if (s.total_q < 0) return Status::InvalidArgument("shape.total_q is negative (" + std::to_string(s.total_q) + ")");
   if (s.total_k < 0) return Status::InvalidArgument("shape.total_k is negative (" + std::to_string(s.total_k) + ")");
-  if (s.q_heads <= 0) return Status::InvalidArgument("shape.q_heads must be positive, got " + std::to_string(s.q_heads));
+  if (s.q_heads <= 0)
+    return Status::InvalidArgument("shape.q_heads must be positive, got " + std::to_string(s.q_heads));
   if (s.kv_heads <= 0)
     return Status::InvalidArgument("shape.kv_heads must be positive, got " + std::to_string(s.kv_heads));
   if (s.q_heads % s.kv_heads != 0) {
@@ -40,7 +41,7 @@ Status ValidateShape(const AttentionShape& s) {
   if (!std::isfinite(s.softmax_scale))
     return Status::InvalidArgument("shape.softmax_scale must be finite (0 selects 1/sqrt(head_dim))");
   // Element counts must fit in int64 with room to spare.
-  const double elems = double(std::max(s.total_q * s.q_heads, s.total_k * s.kv_heads)) * s.head_dim;
+  const double elems = std::max(double(s.total_q) * s.q_heads, double(s.total_k) * s.kv_heads) * s.head_dim;
   if (elems > double(std::numeric_limits<int64_t>::max() / 8))
     return Status::OutOfRange("tensor sizes overflow 64-bit indexing");
   return Status::Ok();
@@ -51,8 +52,8 @@ Status ValidateTasks(const AttentionShape& s, std::span<const AttentionTask> tas
     const AttentionTask& t = tasks[i];
     if (t.q_offset < 0 || t.q_len < 0 || t.k_offset < 0 || t.kv_len < 0) {
       return Status::InvalidArgument(TaskName(i) + " has a negative field (q_offset " + std::to_string(t.q_offset) +
-                                     ", q_len " + std::to_string(t.q_len) + ", k_offset " +
-                                     std::to_string(t.k_offset) + ", kv_len " + std::to_string(t.kv_len) + ")");
+                                     ", q_len " + std::to_string(t.q_len) + ", k_offset " + std::to_string(t.k_offset) +
+                                     ", kv_len " + std::to_string(t.kv_len) + ")");
     }
     if (t.q_offset > s.total_q || t.q_len > s.total_q - t.q_offset) {
       return Status::InvalidArgument(TaskName(i) + " reads Q rows [" + std::to_string(t.q_offset) + ", " +
@@ -69,8 +70,7 @@ Status ValidateTasks(const AttentionShape& s, std::span<const AttentionTask> tas
   std::vector<size_t> order;
   for (size_t i = 0; i < tasks.size(); ++i)
     if (tasks[i].q_len > 0) order.push_back(i);
-  std::sort(order.begin(), order.end(),
-            [&](size_t a, size_t b) { return tasks[a].q_offset < tasks[b].q_offset; });
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return tasks[a].q_offset < tasks[b].q_offset; });
   for (size_t n = 1; n < order.size(); ++n) {
     const AttentionTask& prev = tasks[order[n - 1]];
     if (tasks[order[n]].q_offset < prev.q_offset + prev.q_len) {
@@ -95,12 +95,19 @@ Status SelectKernel(AttentionKernel requested, AttentionKernel* kernel, const Ti
   }
   *tiled = nullptr;
   switch (*kernel) {
-    case AttentionKernel::kScalar: *tiled = &attn::ScalarTiledKernel(); break;
+    case AttentionKernel::kScalar:
+      *tiled = &attn::ScalarTiledKernel();
+      break;
 #if defined(__x86_64__)
-    case AttentionKernel::kAvx2: *tiled = &attn::Avx2TiledKernel(); break;
-    case AttentionKernel::kAvx512: *tiled = &attn::Avx512TiledKernel(); break;
+    case AttentionKernel::kAvx2:
+      *tiled = &attn::Avx2TiledKernel();
+      break;
+    case AttentionKernel::kAvx512:
+      *tiled = &attn::Avx512TiledKernel();
+      break;
 #endif
-    default: break;
+    default:
+      break;
   }
   return Status::Ok();
 }
@@ -249,11 +256,16 @@ void ParallelZero(float* p, int64_t n, int threads) {
 
 const char* AttentionKernelName(AttentionKernel kernel) {
   switch (kernel) {
-    case AttentionKernel::kAuto: return "auto";
-    case AttentionKernel::kReference: return "reference";
-    case AttentionKernel::kScalar: return "scalar";
-    case AttentionKernel::kAvx2: return "avx2";
-    case AttentionKernel::kAvx512: return "avx512";
+    case AttentionKernel::kAuto:
+      return "auto";
+    case AttentionKernel::kReference:
+      return "reference";
+    case AttentionKernel::kScalar:
+      return "scalar";
+    case AttentionKernel::kAvx2:
+      return "avx2";
+    case AttentionKernel::kAvx512:
+      return "avx512";
   }
   return "unknown";
 }
@@ -295,8 +307,8 @@ Status TasksFromCuSeqlens(std::span<const int32_t> cu_q, std::span<const int32_t
   if (tasks == nullptr) return Status::InvalidArgument("tasks is null");
   if (cu_q.empty()) return Status::InvalidArgument("cu_seqlens_q is empty (it needs n+1 entries for n tasks)");
   if (cu_k.size() != cu_q.size()) {
-    return Status::InvalidArgument("cu_seqlens_q has " + std::to_string(cu_q.size()) + " entries but cu_seqlens_k has " +
-                                   std::to_string(cu_k.size()));
+    return Status::InvalidArgument("cu_seqlens_q has " + std::to_string(cu_q.size()) +
+                                   " entries but cu_seqlens_k has " + std::to_string(cu_k.size()));
   }
   for (const auto& [cu, name] : {std::pair{cu_q, "cu_seqlens_q"}, std::pair{cu_k, "cu_seqlens_k"}}) {
     if (cu[0] != 0) return Status::InvalidArgument(std::string(name) + "[0] must be 0, got " + std::to_string(cu[0]));
@@ -313,8 +325,8 @@ Status TasksFromCuSeqlens(std::span<const int32_t> cu_q, std::span<const int32_t
   return Status::Ok();
 }
 
-Status AttentionForward(const AttentionShape& s, std::span<const AttentionTask> tasks,
-                        const AttentionForwardArgs& a, const AttentionExec& exec) {
+Status AttentionForward(const AttentionShape& s, std::span<const AttentionTask> tasks, const AttentionForwardArgs& a,
+                        const AttentionExec& exec) {
   DISTCA_RETURN_IF_ERROR(ValidateShape(s));
   DISTCA_RETURN_IF_ERROR(ValidateTasks(s, tasks));
   DISTCA_RETURN_IF_ERROR(RequirePointer(a.q, "args.q", s.total_q > 0));
@@ -332,8 +344,8 @@ Status AttentionForward(const AttentionShape& s, std::span<const AttentionTask> 
   return RunTiledForward(*tiled, s, tasks, a, exec);
 }
 
-Status AttentionBackward(const AttentionShape& s, std::span<const AttentionTask> tasks,
-                         const AttentionBackwardArgs& a, const AttentionExec& exec) {
+Status AttentionBackward(const AttentionShape& s, std::span<const AttentionTask> tasks, const AttentionBackwardArgs& a,
+                         const AttentionExec& exec) {
   DISTCA_RETURN_IF_ERROR(ValidateShape(s));
   DISTCA_RETURN_IF_ERROR(ValidateTasks(s, tasks));
   const bool has_q = s.total_q > 0;
@@ -382,9 +394,9 @@ Status VarlenTasks(const AttentionShape& s, std::span<const int32_t> cu_q, std::
                    std::vector<AttentionTask>* tasks) {
   DISTCA_RETURN_IF_ERROR(TasksFromCuSeqlens(cu_q, cu_k, tasks));
   if (cu_q.back() != s.total_q || cu_k.back() != s.total_k) {
-    return Status::InvalidArgument("cu_seqlens end at (" + std::to_string(cu_q.back()) + ", " +
-                                   std::to_string(cu_k.back()) + ") but shape has total_q = " +
-                                   std::to_string(s.total_q) + ", total_k = " + std::to_string(s.total_k));
+    return Status::InvalidArgument(
+        "cu_seqlens end at (" + std::to_string(cu_q.back()) + ", " + std::to_string(cu_k.back()) +
+        ") but shape has total_q = " + std::to_string(s.total_q) + ", total_k = " + std::to_string(s.total_k));
   }
   return Status::Ok();
 }

@@ -13,8 +13,8 @@ Status MergePartials(int64_t rows, int heads, int head_dim, const float* out1, c
   if (heads <= 0) return Status::InvalidArgument("heads must be positive, got " + std::to_string(heads));
   if (head_dim <= 0) return Status::InvalidArgument("head_dim must be positive, got " + std::to_string(head_dim));
   if (rows == 0) return Status::Ok();
-  const std::pair<const void*, const char*> pointers[] = {
-      {out1, "out1"}, {lse1, "lse1"}, {out2, "out2"}, {lse2, "lse2"}, {out, "out"}, {lse, "lse"}};
+  const std::pair<const void*, const char*> pointers[] = {{out1, "out1"}, {lse1, "lse1"}, {out2, "out2"},
+                                                          {lse2, "lse2"}, {out, "out"},   {lse, "lse"}};
   for (const auto& [p, name] : pointers)
     if (p == nullptr) return Status::InvalidArgument(std::string(name) + " is null");
 

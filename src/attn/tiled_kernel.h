@@ -62,8 +62,7 @@ struct TiledKernel {
   // Forward for query rows [row0, row0 + block_q) of `task` (clipped to q_len),
   // query head `head`. Writes those rows of out and lse. `workspace` is
   // forward_workspace(D) floats, 64-byte aligned, private to the caller.
-  void (*forward_tile)(const ForwardProblem& p, const AttentionTask& task, int head, int64_t row0,
-                       float* workspace);
+  void (*forward_tile)(const ForwardProblem& p, const AttentionTask& task, int head, int64_t row0, float* workspace);
   // Backward for key rows [key0, key0 + block_k) of `task` (clipped to kv_len)
   // and KV head `kv_head`, over every query head of its group and every query
   // row that sees those keys. Adds into dq, dk, dv under the locks.

@@ -11,8 +11,8 @@
 
 namespace distca::attn {
 namespace avx2 {
-#include "attn/simd_common.inc"
 #include "attn/simd_avx2.inc"
+#include "attn/simd_common.inc"
 #include "attn/tiled_kernel_impl.inc"
 }  // namespace avx2
 

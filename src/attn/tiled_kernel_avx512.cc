@@ -11,8 +11,8 @@
 
 namespace distca::attn {
 namespace avx512 {
-#include "attn/simd_common.inc"
 #include "attn/simd_avx512.inc"
+#include "attn/simd_common.inc"
 #include "attn/tiled_kernel_impl.inc"
 }  // namespace avx512
 

@@ -11,9 +11,7 @@ class WallTimer {
  public:
   WallTimer() { Reset(); }
   void Reset() { start_ = std::chrono::steady_clock::now(); }
-  double Seconds() const {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-  }
+  double Seconds() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(); }
 
  private:
   std::chrono::steady_clock::time_point start_;

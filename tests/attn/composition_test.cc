@@ -120,7 +120,6 @@ TEST(CompositionTest, SharedKvEqualsDuplicatedKv) {
 
     const BackwardResult gd = RunBackward(dup, fd, kernel);
     const BackwardResult gs = RunBackward(s.shards, fs, kernel);
-    EXPECT_EQ(gd.dq, gs.dq);
     // Sum the private copies' dK/dV back onto the document's rows.
     std::vector<float> dk(s.shards.KSize(), 0.0f), dv(s.shards.KSize(), 0.0f);
     for (const AttentionTask& t : dup.tasks) {
@@ -129,9 +128,12 @@ TEST(CompositionTest, SharedKvEqualsDuplicatedKv) {
         dv[i] += gd.dv[t.k_offset * row + i];
       }
     }
-    // The two sides add the same per-shard terms in different orders: at most
-    // one rounding per shard (6) of the largest partial sum; 16 ulps is ample.
+    // The two sides add the same partial terms in different orders (dQ over
+    // key groups, dK/dV over shards; with two threads also in scheduling
+    // order): at most one rounding per term (<= 6 shards, <= 4 key groups)
+    // of the largest partial sum; 16 ulps is ample.
     const double eps = std::numeric_limits<float>::epsilon();
+    EXPECT_LE(MaxAbsDiff(gd.dq, gs.dq), 16 * eps * MaxAbsFinite(gs.dq));
     EXPECT_LE(MaxAbsDiff(dk, gs.dk), 16 * eps * MaxAbsFinite(gs.dk));
     EXPECT_LE(MaxAbsDiff(dv, gs.dv), 16 * eps * MaxAbsFinite(gs.dv));
   }

@@ -134,6 +134,13 @@ TEST_F(ErrorsTest, MergePartialsArguments) {
             StatusCode::kInvalidArgument);
 }
 
+TEST_F(ErrorsTest, HugeSizesAreOutOfRange) {
+  AttentionShape s = batch_.shape;
+  s.total_q = std::numeric_limits<int64_t>::max() / 2;  // * heads * head_dim overflows int64
+  const Status st = AttentionForward(s, {}, Fwd());
+  EXPECT_EQ(st.code(), StatusCode::kOutOfRange) << st.ToString();
+}
+
 TEST_F(ErrorsTest, EmptyBatchIsFine) {
   AttentionShape s = batch_.shape;
   s.total_q = 0;

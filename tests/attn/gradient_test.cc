@@ -58,8 +58,8 @@ void CheckAllGradients(DoubleBatch b, uint64_t seed) {
   attn::ReferenceForward<double, double>(b.shape, b.tasks, b.q.data(), b.k.data(), b.v.data(), out.data(), lse.data());
   attn::ComputeDeltaRows<double, double>(b.shape, 0, b.shape.total_q, b.g.data(), out.data(), delta.data());
   std::vector<double> dq(qn), dk(kn), dv(kn);
-  attn::ReferenceBackward<double, double>(b.shape, b.tasks, b.q.data(), b.k.data(), b.v.data(), b.g.data(),
-                                          lse.data(), delta.data(), dq.data(), dk.data(), dv.data());
+  attn::ReferenceBackward<double, double>(b.shape, b.tasks, b.q.data(), b.k.data(), b.v.data(), b.g.data(), lse.data(),
+                                          delta.data(), dq.data(), dk.data(), dv.data());
   CheckGradient(b, &DoubleBatch::q, dq, "dQ");
   CheckGradient(b, &DoubleBatch::k, dk, "dK");
   CheckGradient(b, &DoubleBatch::v, dv, "dV");
@@ -67,8 +67,8 @@ void CheckAllGradients(DoubleBatch b, uint64_t seed) {
 
 DoubleBatch TinyBatch(bool causal, float scale) {
   DoubleBatch b;
-  b.shape = {.total_q = 0, .total_k = 0, .q_heads = 4, .kv_heads = 2, .head_dim = 3, .causal = causal,
-             .softmax_scale = scale};
+  b.shape = {
+      .total_q = 0, .total_k = 0, .q_heads = 4, .kv_heads = 2, .head_dim = 3, .causal = causal, .softmax_scale = scale};
   // q_len < kv_len, q_len > kv_len (rows without keys), q_len == kv_len.
   for (auto [q_len, kv_len] : {std::pair{3, 5}, std::pair{4, 2}, std::pair{2, 2}}) {
     b.tasks.push_back({b.shape.total_q, q_len, b.shape.total_k, kv_len});

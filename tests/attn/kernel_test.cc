@@ -29,10 +29,11 @@ std::string CaseName(const GridCase& c) {
   return s.str();
 }
 
+void PrintTo(const GridCase& c, std::ostream* os) { *os << CaseName(c); }
+
 // flash-attention tests/test_flash_attn.py, test_flash_attn_varlen_output.
-const std::pair<int64_t, int64_t> kFlashShapes[] = {{113, 203}, {128, 217}, {113, 211},  {108, 256},
-                                                    {256, 512}, {512, 256}, {1024, 1024}, {1023, 1024},
-                                                    {1024, 1023}, {2048, 2048}};
+const std::pair<int64_t, int64_t> kFlashShapes[] = {{113, 203}, {128, 217},   {113, 211},   {108, 256},   {256, 512},
+                                                    {512, 256}, {1024, 1024}, {1023, 1024}, {1024, 1023}, {2048, 2048}};
 const int kHeadDims[] = {32, 64, 128, 111};  // 111: odd, not a multiple of any vector width
 const int kGqaRatios[] = {1, 4, 8};
 

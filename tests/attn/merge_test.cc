@@ -31,8 +31,8 @@ TEST(MergeTest, SplitKeyRangeEqualsWhole) {
     ForwardResult merged;
     merged.out.resize(l.out.size());
     merged.lse.resize(l.lse.size());
-    ASSERT_TRUE(MergePartials(kQ, kHq, kDim, l.out.data(), l.lse.data(), r.out.data(), r.lse.data(),
-                              merged.out.data(), merged.lse.data())
+    ASSERT_TRUE(MergePartials(kQ, kHq, kDim, l.out.data(), l.lse.data(), r.out.data(), r.lse.data(), merged.out.data(),
+                              merged.lse.data())
                     .ok());
     // Merging adds a few roundings to each partial's error; 64 ulps of the
     // largest value bounds the sum comfortably (values are O(1) here).

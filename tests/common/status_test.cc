@@ -27,9 +27,7 @@ TEST(StatusTest, CarriesCodeAndMessage) {
   EXPECT_EQ(s.WithContext("loading plan").message(), "loading plan: x is 3");
 }
 
-TEST(StatusTest, ReturnIfErrorPropagatesFirstFailure) {
-  EXPECT_EQ(Propagates().message(), "x is 3");
-}
+TEST(StatusTest, ReturnIfErrorPropagatesFirstFailure) { EXPECT_EQ(Propagates().message(), "x is 3"); }
 
 }  // namespace
 }  // namespace distca
