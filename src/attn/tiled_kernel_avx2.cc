@@ -11,9 +11,12 @@
 
 namespace distca::attn {
 namespace avx2 {
-#include "attn/simd_avx2.inc"
+// Order matters: common pieces, then the traits, then the kernel using them.
+// clang-format off
 #include "attn/simd_common.inc"
+#include "attn/simd_avx2.inc"
 #include "attn/tiled_kernel_impl.inc"
+// clang-format on
 }  // namespace avx2
 
 const TiledKernel& Avx2TiledKernel() {

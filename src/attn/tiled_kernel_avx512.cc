@@ -11,9 +11,12 @@
 
 namespace distca::attn {
 namespace avx512 {
-#include "attn/simd_avx512.inc"
+// Order matters: common pieces, then the traits, then the kernel using them.
+// clang-format off
 #include "attn/simd_common.inc"
+#include "attn/simd_avx512.inc"
 #include "attn/tiled_kernel_impl.inc"
+// clang-format on
 }  // namespace avx512
 
 const TiledKernel& Avx512TiledKernel() {

@@ -10,9 +10,12 @@
 
 namespace distca::attn {
 namespace scalar {
+// Order matters: common pieces, then the traits, then the kernel using them.
+// clang-format off
 #include "attn/simd_common.inc"
 #include "attn/simd_scalar.inc"
 #include "attn/tiled_kernel_impl.inc"
+// clang-format on
 }  // namespace scalar
 
 const TiledKernel& ScalarTiledKernel() {
