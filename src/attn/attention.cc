@@ -11,6 +11,8 @@
 #include <new>
 #include <string>
 
+#include <fmt/format.h>
+
 #include "attn/reference.h"
 #include "attn/tiled_kernel.h"
 #include "common/aligned_buffer.h"
@@ -21,22 +23,19 @@ namespace {
 
 using attn::TiledKernel;
 
-std::string TaskName(size_t i) { return "tasks[" + std::to_string(i) + "]"; }
-
 Status ValidateShape(const AttentionShape& s) {
-  if (s.total_q < 0) return Status::InvalidArgument("shape.total_q is negative (" + std::to_string(s.total_q) + ")");
-  if (s.total_k < 0) return Status::InvalidArgument("shape.total_k is negative (" + std::to_string(s.total_k) + ")");
-  if (s.q_heads <= 0)
-    return Status::InvalidArgument("shape.q_heads must be positive, got " + std::to_string(s.q_heads));
+  if (s.total_q < 0) return Status::InvalidArgument(fmt::format("shape.total_q is negative ({})", s.total_q));
+  if (s.total_k < 0) return Status::InvalidArgument(fmt::format("shape.total_k is negative ({})", s.total_k));
+  if (s.q_heads <= 0) return Status::InvalidArgument(fmt::format("shape.q_heads must be positive, got {}", s.q_heads));
   if (s.kv_heads <= 0)
-    return Status::InvalidArgument("shape.kv_heads must be positive, got " + std::to_string(s.kv_heads));
+    return Status::InvalidArgument(fmt::format("shape.kv_heads must be positive, got {}", s.kv_heads));
   if (s.q_heads % s.kv_heads != 0) {
-    return Status::InvalidArgument("shape.q_heads (" + std::to_string(s.q_heads) +
-                                   ") is not a multiple of shape.kv_heads (" + std::to_string(s.kv_heads) + ")");
+    return Status::InvalidArgument(
+        fmt::format("shape.q_heads ({}) is not a multiple of shape.kv_heads ({})", s.q_heads, s.kv_heads));
   }
   if (s.head_dim <= 0 || s.head_dim > AttentionShape::kMaxHeadDim) {
-    return Status::InvalidArgument("shape.head_dim must be in [1, " + std::to_string(AttentionShape::kMaxHeadDim) +
-                                   "], got " + std::to_string(s.head_dim));
+    return Status::InvalidArgument(
+        fmt::format("shape.head_dim must be in [1, {}], got {}", AttentionShape::kMaxHeadDim, s.head_dim));
   }
   if (!std::isfinite(s.softmax_scale))
     return Status::InvalidArgument("shape.softmax_scale must be finite (0 selects 1/sqrt(head_dim))");
@@ -51,19 +50,18 @@ Status ValidateTasks(const AttentionShape& s, std::span<const AttentionTask> tas
   for (size_t i = 0; i < tasks.size(); ++i) {
     const AttentionTask& t = tasks[i];
     if (t.q_offset < 0 || t.q_len < 0 || t.k_offset < 0 || t.kv_len < 0) {
-      return Status::InvalidArgument(TaskName(i) + " has a negative field (q_offset " + std::to_string(t.q_offset) +
-                                     ", q_len " + std::to_string(t.q_len) + ", k_offset " + std::to_string(t.k_offset) +
-                                     ", kv_len " + std::to_string(t.kv_len) + ")");
+      return Status::InvalidArgument(
+          fmt::format("tasks[{}] has a negative field (q_offset {}, q_len {}, "
+                      "k_offset {}, kv_len {})",
+                      i, t.q_offset, t.q_len, t.k_offset, t.kv_len));
     }
     if (t.q_offset > s.total_q || t.q_len > s.total_q - t.q_offset) {
-      return Status::InvalidArgument(TaskName(i) + " reads Q rows [" + std::to_string(t.q_offset) + ", " +
-                                     std::to_string(t.q_offset) + "+" + std::to_string(t.q_len) +
-                                     ") beyond shape.total_q = " + std::to_string(s.total_q));
+      return Status::InvalidArgument(fmt::format("tasks[{}] reads Q rows [{}, {}+{}) beyond shape.total_q = {}", i,
+                                                 t.q_offset, t.q_offset, t.q_len, s.total_q));
     }
     if (t.k_offset > s.total_k || t.kv_len > s.total_k - t.k_offset) {
-      return Status::InvalidArgument(TaskName(i) + " reads K/V rows [" + std::to_string(t.k_offset) + ", " +
-                                     std::to_string(t.k_offset) + "+" + std::to_string(t.kv_len) +
-                                     ") beyond shape.total_k = " + std::to_string(s.total_k));
+      return Status::InvalidArgument(fmt::format("tasks[{}] reads K/V rows [{}, {}+{}) beyond shape.total_k = {}", i,
+                                                 t.k_offset, t.k_offset, t.kv_len, s.total_k));
     }
   }
   // Each query row belongs to at most one task (outputs must not be shared).
@@ -74,8 +72,9 @@ Status ValidateTasks(const AttentionShape& s, std::span<const AttentionTask> tas
   for (size_t n = 1; n < order.size(); ++n) {
     const AttentionTask& prev = tasks[order[n - 1]];
     if (tasks[order[n]].q_offset < prev.q_offset + prev.q_len) {
-      return Status::InvalidArgument(TaskName(order[n - 1]) + " and " + TaskName(order[n]) +
-                                     " own overlapping query rows (each Q row may belong to one task only)");
+      return Status::InvalidArgument(
+          fmt::format("tasks[{}] and tasks[{}] own overlapping query rows (each Q row may belong to one task only)",
+                      order[n - 1], order[n]));
     }
   }
   return Status::Ok();
@@ -117,12 +116,14 @@ int TeamSize(const AttentionExec& exec, size_t items) {
   return static_cast<int>(std::max<size_t>(1, std::min<size_t>(static_cast<size_t>(wanted), items)));
 }
 
-// One unit of parallel work: a tile of one task for one head.
+// One unit of parallel work: a tile of one task for some heads.
 struct WorkItem {
   int64_t cost;  // approximate (query, key) pairs, for longest-first ordering
   int64_t task;
-  int64_t offset;  // first query row (forward) or key row (backward), task-local
-  int head;        // query head (forward) or KV head (backward)
+  int64_t offset;    // first query row (forward) or key row (backward), task-local
+  int head;          // first query head (forward) or the KV head (backward)
+  int heads = 1;     // forward: query heads
+  int64_t rows = 0;  // forward: query rows
 };
 
 // Longest first, so that a few expensive tiles do not finish last; ties keep
@@ -131,15 +132,28 @@ void SortByCost(std::vector<WorkItem>* items) {
   std::stable_sort(items->begin(), items->end(), [](const WorkItem& a, const WorkItem& b) { return a.cost > b.cost; });
 }
 
-// Per-thread scratch, allocated up front so that an allocation failure is a
-// Status and not an exception inside a parallel region.
-Status AllocateWorkspaces(int threads, int64_t floats, std::vector<AlignedBuffer<float>>* ws) {
+// Runs `run(item, workspace)` for every item, longest first, on an OpenMP team
+// with dynamic scheduling. Each thread owns one workspace of `floats` floats,
+// allocated up front so that an allocation failure is a Status and not an
+// exception inside a parallel region.
+template <class Run>
+Status RunWorkItems(std::vector<WorkItem>* items, int64_t floats, const AttentionExec& exec, const Run& run) {
+  SortByCost(items);
+  const int threads = TeamSize(exec, items->size());
+  std::vector<AlignedBuffer<float>> workspaces;
   try {
-    ws->resize(threads);
-    for (auto& w : *ws) w.Resize(static_cast<size_t>(floats));
+    workspaces.resize(threads);
+    for (auto& w : workspaces) w.Resize(static_cast<size_t>(floats));
   } catch (const std::bad_alloc&) {
-    return Status::OutOfRange("cannot allocate " + std::to_string(threads) + " attention workspaces of " +
-                              std::to_string(floats) + " floats");
+    return Status::OutOfRange(fmt::format("cannot allocate {} attention workspaces of {} floats", threads, floats));
+  }
+  const int64_t n = static_cast<int64_t>(items->size());
+  const WorkItem* list = items->data();
+#pragma omp parallel num_threads(threads)
+  {
+    float* w = workspaces[omp_get_thread_num()].data();
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < n; ++i) run(list[i], w);
   }
   return Status::Ok();
 }
@@ -159,30 +173,28 @@ Status RunTiledForward(const TiledKernel& kernel, const AttentionShape& s, std::
   p.causal = s.causal;
   p.scale = static_cast<float>(attn::EffectiveSoftmaxScale(s));
 
+  // An item runs several query heads of one GQA group (they share K/V tiles)
+  // and, when the group is small, several query tiles, up to the kernel's
+  // lane limit: each K/V tile then serves up to forward_lanes tiles of work.
+  const int group = s.q_heads / s.kv_heads;
+  const int heads_per_item = std::min(group, kernel.forward_lanes);
+  const int64_t rows_per_item = int64_t{kernel.block_q} * std::max(1, kernel.forward_lanes / 2 / heads_per_item);
   std::vector<WorkItem> items;
   for (size_t ti = 0; ti < tasks.size(); ++ti) {
     const AttentionTask& t = tasks[ti];
-    for (int64_t row0 = 0; row0 < t.q_len; row0 += kernel.block_q) {
-      const int64_t rows = std::min<int64_t>(kernel.block_q, t.q_len - row0);
-      const int64_t cost = rows * (attn::VisibleKeys(t, row0 + rows - 1, s.causal) + kernel.block_q);
-      for (int h = 0; h < s.q_heads; ++h) items.push_back({cost, int64_t(ti), row0, h});
+    for (int64_t row0 = 0; row0 < t.q_len; row0 += rows_per_item) {
+      const int64_t rows = std::min<int64_t>(rows_per_item, t.q_len - row0);
+      const int64_t keys = attn::VisibleKeys(t, row0 + rows - 1, s.causal) + kernel.block_q;
+      for (int h = 0; h < s.q_heads;) {
+        const int heads = std::min(heads_per_item, (h / group + 1) * group - h);  // stay in one group
+        items.push_back({heads * rows * keys, int64_t(ti), row0, h, heads, rows});
+        h += heads;
+      }
     }
   }
-  SortByCost(&items);
-  const int threads = TeamSize(exec, items.size());
-  std::vector<AlignedBuffer<float>> ws;
-  DISTCA_RETURN_IF_ERROR(AllocateWorkspaces(threads, kernel.forward_workspace(s.head_dim), &ws));
-  const int64_t n = static_cast<int64_t>(items.size());
-#pragma omp parallel num_threads(threads)
-  {
-    float* w = ws[omp_get_thread_num()].data();
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < n; ++i) {
-      const WorkItem& it = items[i];
-      kernel.forward_tile(p, tasks[it.task], it.head, it.offset, w);
-    }
-  }
-  return Status::Ok();
+  return RunWorkItems(&items, kernel.forward_workspace(s.head_dim), exec, [&](const WorkItem& it, float* w) {
+    kernel.forward_tile(p, tasks[it.task], it.head, it.heads, it.offset, it.rows, w);
+  });
 }
 
 Status RunTiledBackward(const TiledKernel& kernel, const AttentionShape& s, std::span<const AttentionTask> tasks,
@@ -218,26 +230,14 @@ Status RunTiledBackward(const TiledKernel& kernel, const AttentionShape& s, std:
       for (int hk = 0; hk < s.kv_heads; ++hk) items.push_back({cost, int64_t(ti), key0, hk});
     }
   }
-  SortByCost(&items);
-  const int threads = TeamSize(exec, items.size());
-  std::vector<AlignedBuffer<float>> ws;
-  DISTCA_RETURN_IF_ERROR(AllocateWorkspaces(threads, kernel.backward_workspace(s.head_dim), &ws));
   // Enough stripes that two threads rarely meet on one lock.
   constexpr int64_t kLocks = 4096;
   std::vector<int> locks(kLocks, 0);
   p.locks = locks.data();
   p.lock_mask = kLocks - 1;
-  const int64_t n = static_cast<int64_t>(items.size());
-#pragma omp parallel num_threads(threads)
-  {
-    float* w = ws[omp_get_thread_num()].data();
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < n; ++i) {
-      const WorkItem& it = items[i];
-      kernel.backward_tile(p, tasks[it.task], it.head, it.offset, w);
-    }
-  }
-  return Status::Ok();
+  return RunWorkItems(&items, kernel.backward_workspace(s.head_dim), exec, [&](const WorkItem& it, float* w) {
+    kernel.backward_tile(p, tasks[it.task], it.head, it.offset, w);
+  });
 }
 
 // Sets n floats to zero with `threads` threads.
@@ -307,15 +307,15 @@ Status TasksFromCuSeqlens(std::span<const int32_t> cu_q, std::span<const int32_t
   if (tasks == nullptr) return Status::InvalidArgument("tasks is null");
   if (cu_q.empty()) return Status::InvalidArgument("cu_seqlens_q is empty (it needs n+1 entries for n tasks)");
   if (cu_k.size() != cu_q.size()) {
-    return Status::InvalidArgument("cu_seqlens_q has " + std::to_string(cu_q.size()) +
-                                   " entries but cu_seqlens_k has " + std::to_string(cu_k.size()));
+    return Status::InvalidArgument(
+        fmt::format("cu_seqlens_q has {} entries but cu_seqlens_k has {}", cu_q.size(), cu_k.size()));
   }
   for (const auto& [cu, name] : {std::pair{cu_q, "cu_seqlens_q"}, std::pair{cu_k, "cu_seqlens_k"}}) {
-    if (cu[0] != 0) return Status::InvalidArgument(std::string(name) + "[0] must be 0, got " + std::to_string(cu[0]));
+    if (cu[0] != 0) return Status::InvalidArgument(fmt::format("{}[0] must be 0, got {}", name, cu[0]));
     for (size_t i = 1; i < cu.size(); ++i) {
       if (cu[i] < cu[i - 1]) {
-        return Status::InvalidArgument(std::string(name) + " is not non-decreasing: entry " + std::to_string(i) +
-                                       " is " + std::to_string(cu[i]) + " after " + std::to_string(cu[i - 1]));
+        return Status::InvalidArgument(
+            fmt::format("{} is not non-decreasing: entry {} is {} after {}", name, i, cu[i], cu[i - 1]));
       }
     }
   }
@@ -394,9 +394,8 @@ Status VarlenTasks(const AttentionShape& s, std::span<const int32_t> cu_q, std::
                    std::vector<AttentionTask>* tasks) {
   DISTCA_RETURN_IF_ERROR(TasksFromCuSeqlens(cu_q, cu_k, tasks));
   if (cu_q.back() != s.total_q || cu_k.back() != s.total_k) {
-    return Status::InvalidArgument(
-        "cu_seqlens end at (" + std::to_string(cu_q.back()) + ", " + std::to_string(cu_k.back()) +
-        ") but shape has total_q = " + std::to_string(s.total_q) + ", total_k = " + std::to_string(s.total_k));
+    return Status::InvalidArgument(fmt::format("cu_seqlens end at ({}, {}) but shape has total_q = {}, total_k = {}",
+                                               cu_q.back(), cu_k.back(), s.total_q, s.total_k));
   }
   return Status::Ok();
 }

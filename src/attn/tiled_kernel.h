@@ -54,15 +54,19 @@ inline constexpr int64_t kLockRows = 64;
 // One instruction-set variant of the tiled kernel.
 struct TiledKernel {
   const char* name;
-  int block_q;  // query rows per forward tile (work-item granularity)
-  int block_k;  // key rows per backward work item (work-item granularity)
+  int block_q;        // query rows per forward lane
+  int forward_lanes;  // most (query head, block_q rows) lanes one forward call runs
+  int block_k;        // key rows per backward work item
   // Scratch floats one thread needs, for a head dimension.
   int64_t (*forward_workspace)(int head_dim);
   int64_t (*backward_workspace)(int head_dim);
-  // Forward for query rows [row0, row0 + block_q) of `task` (clipped to q_len),
-  // query head `head`. Writes those rows of out and lse. `workspace` is
-  // forward_workspace(D) floats, 64-byte aligned, private to the caller.
-  void (*forward_tile)(const ForwardProblem& p, const AttentionTask& task, int head, int64_t row0, float* workspace);
+  // Forward for query heads [head0, head0 + heads), which must share one KV
+  // head, and query rows [row0, row0 + rows) of `task`, with
+  // heads * ceil(rows / block_q) <= forward_lanes. Writes those rows of out
+  // and lse. `workspace` is forward_workspace(D) floats, 64-byte aligned,
+  // private to the caller.
+  void (*forward_tile)(const ForwardProblem& p, const AttentionTask& task, int head0, int heads, int64_t row0,
+                       int64_t rows, float* workspace);
   // Backward for key rows [key0, key0 + block_k) of `task` (clipped to kv_len)
   // and KV head `kv_head`, over every query head of its group and every query
   // row that sees those keys. Adds into dq, dk, dv under the locks.
