@@ -158,20 +158,19 @@ Status RunWorkItems(std::vector<WorkItem>* items, int64_t floats, const Attentio
   return Status::Ok();
 }
 
+attn::ProblemShape KernelShape(const AttentionShape& s) {
+  return {s.total_q, s.q_heads, s.kv_heads, s.head_dim, s.causal, static_cast<float>(attn::EffectiveSoftmaxScale(s))};
+}
+
 Status RunTiledForward(const TiledKernel& kernel, const AttentionShape& s, std::span<const AttentionTask> tasks,
                        const AttentionForwardArgs& a, const AttentionExec& exec) {
   attn::ForwardProblem p;
+  static_cast<attn::ProblemShape&>(p) = KernelShape(s);
   p.q = a.q;
   p.k = a.k;
   p.v = a.v;
   p.out = a.out;
   p.lse = a.lse;
-  p.total_q = s.total_q;
-  p.q_heads = s.q_heads;
-  p.kv_heads = s.kv_heads;
-  p.head_dim = s.head_dim;
-  p.causal = s.causal;
-  p.scale = static_cast<float>(attn::EffectiveSoftmaxScale(s));
 
   // An item runs several query heads of one GQA group (they share K/V tiles)
   // and, when the group is small, several query tiles, up to the kernel's
@@ -200,6 +199,7 @@ Status RunTiledForward(const TiledKernel& kernel, const AttentionShape& s, std::
 Status RunTiledBackward(const TiledKernel& kernel, const AttentionShape& s, std::span<const AttentionTask> tasks,
                         const AttentionBackwardArgs& a, const float* delta, const AttentionExec& exec) {
   attn::BackwardProblem p;
+  static_cast<attn::ProblemShape&>(p) = KernelShape(s);
   p.q = a.q;
   p.k = a.k;
   p.v = a.v;
@@ -209,12 +209,6 @@ Status RunTiledBackward(const TiledKernel& kernel, const AttentionShape& s, std:
   p.dq = a.dq;
   p.dk = a.dk;
   p.dv = a.dv;
-  p.total_q = s.total_q;
-  p.q_heads = s.q_heads;
-  p.kv_heads = s.kv_heads;
-  p.head_dim = s.head_dim;
-  p.causal = s.causal;
-  p.scale = static_cast<float>(attn::EffectiveSoftmaxScale(s));
 
   const int group = s.q_heads / s.kv_heads;
   std::vector<WorkItem> items;

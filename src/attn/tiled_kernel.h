@@ -13,12 +13,8 @@
 
 namespace distca::attn {
 
-struct ForwardProblem {
-  const float* q = nullptr;  // (total_q, Hq, D)
-  const float* k = nullptr;  // (total_k, Hkv, D)
-  const float* v = nullptr;  // (total_k, Hkv, D)
-  float* out = nullptr;      // (total_q, Hq, D)
-  float* lse = nullptr;      // (Hq, total_q)
+// What both directions need to know about the batch's tensors.
+struct ProblemShape {
   int64_t total_q = 0;
   int q_heads = 0;
   int kv_heads = 0;
@@ -27,7 +23,15 @@ struct ForwardProblem {
   float scale = 0.0f;  // effective softmax scale (never 0)
 };
 
-struct BackwardProblem {
+struct ForwardProblem : ProblemShape {
+  const float* q = nullptr;  // (total_q, Hq, D)
+  const float* k = nullptr;  // (total_k, Hkv, D)
+  const float* v = nullptr;  // (total_k, Hkv, D)
+  float* out = nullptr;      // (total_q, Hq, D)
+  float* lse = nullptr;      // (Hq, total_q)
+};
+
+struct BackwardProblem : ProblemShape {
   const float* q = nullptr;
   const float* k = nullptr;
   const float* v = nullptr;
@@ -37,12 +41,6 @@ struct BackwardProblem {
   float* dq = nullptr;           // zeroed by the driver; tiles add into it
   float* dk = nullptr;           // zeroed by the driver; tiles add into it
   float* dv = nullptr;           // zeroed by the driver; tiles add into it
-  int64_t total_q = 0;
-  int q_heads = 0;
-  int kv_heads = 0;
-  int head_dim = 0;
-  bool causal = true;
-  float scale = 0.0f;
   // Striped spin locks (0 = free) guarding the adds into dq and dk/dv, indexed
   // by (tensor, head, row / kLockRows) hashed into [0, lock_mask].
   int* locks = nullptr;
