@@ -7,6 +7,7 @@
 #include <string>
 
 #include "bench/attention_bench.h"
+#include "bench/plan_bench.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"distca benchmarks"};
@@ -25,6 +26,14 @@ int main(int argc, char** argv) {
   attention->add_option("--min-seconds", attn.min_seconds, "minimum time per measurement (Default: by mode)")
       ->check(CLI::NonNegativeNumber);
 
+  distca::bench::PlanBenchOptions plan;
+  plan.lengths_file = DISTCA_SOURCE_DIR "/data/doc-lengths-pretrain.json";
+  CLI::App* planner = app.add_subcommand("plan", "planner policies side by side: plan time, balance, bytes");
+  planner->add_flag("--short", plan.short_mode, "CI mode: fewer batches");
+  planner->add_flag("--json", plan.json, "one JSON object per (ranks, policy) line");
+  planner->add_option("--lengths", plan.lengths_file, "document-length pool (Default: data/doc-lengths-pretrain.json)")
+      ->check(CLI::ExistingFile);
+
   CLI11_PARSE(app, argc, argv);
 
   const std::map<std::string, distca::AttentionKernel> kernels = {{"auto", distca::AttentionKernel::kAuto},
@@ -36,6 +45,10 @@ int main(int argc, char** argv) {
     std::string error;
     if (attention->parsed() && !distca::bench::RunAttentionBench(attn, &error)) {
       std::fprintf(stderr, "distca-bench attention: %s\n", error.c_str());
+      return 1;
+    }
+    if (planner->parsed() && !distca::bench::RunPlanBench(plan, &error)) {
+      std::fprintf(stderr, "distca-bench plan: %s\n", error.c_str());
       return 1;
     }
   } catch (const std::exception& e) {

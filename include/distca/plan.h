@@ -1,0 +1,171 @@
+// The CA-task planner: from one iteration's documents, decide which rank runs
+// the context-independent layers for which tokens (the linear layout), cut core
+// attention into CA-tasks, and place the tasks on attention servers so that
+// every server does the same attention work while few bytes move.
+//
+// Pure computation: no communication, no kernels. A plan is data that the
+// runtime executes and the simulator costs.
+//
+// Vocabulary:
+//   document  a packed sequence of `length` tokens; positions 0..length-1.
+//   piece     document positions [begin, end) held by one rank in the linear
+//             layout (Q/K/V/O of those tokens live there).
+//   task      query rows [q_begin, q_end) of one document with their causal KV
+//             prefix [0, q_end), run on one attention server.
+//   server    0..ranks-1 are the ranks themselves ("in-place"); ranks..ranks+
+//             dedicated_servers-1 are dedicated servers, which hold no tokens.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "distca/status.h"
+
+namespace distca {
+
+// Model shape, for FLOP and byte counts.
+struct PlanModel {
+  int q_heads = 32;     // Hq. Default: Llama-3-8B
+  int kv_heads = 8;     // Hkv
+  int head_dim = 128;   // D
+  int dtype_bytes = 2;  // bytes per Q/K/V/O element: 2 for bf16 (GPU), 4 for fp32 (CPU)
+};
+
+// What a task costs a server. Balancing happens in these units.
+class CostModel {
+ public:
+  // Forward FLOPs, 4 * pairs * D * Hq (DESIGN.md section 3). Default.
+  static CostModel Flops(const PlanModel& model);
+  // Measured seconds per task from a CSV table with header q_len,kv_len,seconds
+  // whose rows form a full grid; costs are interpolated bilinearly and, outside
+  // the grid, scaled from the nearest grid point by the ratio of causal pairs.
+  static Status FromTableCsv(std::string_view csv_text, CostModel* model);
+
+  // Cost of query rows [q_begin, q_end) of a document with KV prefix [0, q_end).
+  double TaskCost(int64_t q_begin, int64_t q_end) const;
+  bool measured() const { return !q_grid_.empty(); }
+  const char* unit() const { return measured() ? "s" : "FLOP"; }
+
+ private:
+  double flops_per_pair_ = 0.0;
+  std::vector<double> q_grid_, kv_grid_;  // sorted grid coordinates
+  std::vector<double> seconds_;           // [q index][kv index]
+  double TableSeconds(double q_len, double kv_len) const;
+};
+
+// Causal (query, key) pairs of query rows [q_begin, q_end) with KV [0, q_end):
+// q * q_end - q * (q - 1) / 2 for q = q_end - q_begin.
+int64_t CausalPairs(int64_t q_begin, int64_t q_end);
+
+enum class PlanPolicy {
+  kColocated,  // every rank serves its own tokens: the baseline
+  kPaper,      // DistCA's published greedy, for side-by-side comparison
+  kDistca,     // this project's planner (default): bounded max load, exact bytes
+};
+
+const char* PlanPolicyName(PlanPolicy policy);
+Status ParsePlanPolicy(std::string_view name, PlanPolicy* policy);
+
+struct PlanOptions {
+  int ranks = 0;                            // R >= 1
+  int dedicated_servers = 0;                // S >= 0. Default: 0 (attention runs in place)
+  PlanPolicy policy = PlanPolicy::kDistca;  // Default: kDistca
+  double tolerance = 0.05;                  // eps: target max load <= (1 + eps) * mean
+  int64_t block = 128;                      // tasks are cut in whole blocks except at pieces' ends
+  // Largest bytes (forward + backward) any rank or server may send or receive;
+  // 0 = unlimited. When a plan exceeds it, eps is raised by 0.05 at a time
+  // until it fits. Default: 0
+  int64_t comm_budget = 0;
+  PlanModel model;
+};
+
+struct PlanPiece {
+  int rank = 0;
+  int64_t begin = 0;
+  int64_t end = 0;
+};
+
+struct PlanDocument {
+  int64_t length = 0;
+  std::vector<PlanPiece> pieces;  // in position order; partition [0, length)
+};
+
+struct PlanTask {
+  int32_t doc = 0;
+  int64_t q_begin = 0;
+  int64_t q_end = 0;
+  int32_t server = 0;
+};
+
+// Bytes a plan moves, as the runtime sends them (docs/planner.md):
+//   forward   owner -> server: Q rows, and once per (document, server) the K/V
+//                              rows of [0, max q_end) the server does not hold
+//             server -> owner: O rows and their LSE (fp32)
+//   backward  owner -> server: Q, dO, LSE and delta (fp32) rows; K/V as forward
+//             server -> owner: dQ rows; partial dK/dV rows in fp32
+// Nothing moves for rows the server holds itself.
+struct PlanTraffic {
+  std::vector<int64_t> sent;      // per server (index = server id), forward + backward
+  std::vector<int64_t> received;  // per server
+  int64_t forward_bytes = 0;
+  int64_t backward_bytes = 0;
+  int64_t total_bytes() const { return forward_bytes + backward_bytes; }
+  int64_t max_rank_bytes() const;  // max over servers of max(sent, received)
+};
+
+struct PlanStats {
+  std::vector<double> load;  // per server, in the cost model's unit
+  double load_mean = 0.0;    // over all servers
+  double load_max = 0.0;
+  double load_min = 0.0;
+  PlanTraffic traffic;
+  int64_t tasks = 0;
+  double max_over_mean() const { return load_mean > 0 ? load_max / load_mean : 1.0; }
+  double min_over_mean() const { return load_mean > 0 ? load_min / load_mean : 1.0; }
+};
+
+struct Plan {
+  int ranks = 0;
+  int dedicated_servers = 0;
+  int64_t block = 128;
+  PlanPolicy policy = PlanPolicy::kDistca;
+  PlanModel model;
+  double tolerance_used = 0.0;  // eps the plan was built with (after any comm-budget raises)
+  // kDistca: whether max load <= (1 + tolerance_used) * mean was reached. When
+  // false the bound is not achievable at block granularity as far as the
+  // planner could establish (docs/planner.md).
+  bool bound_met = true;
+  std::vector<PlanDocument> documents;
+  std::vector<PlanTask> tasks;
+  PlanStats stats;  // filled by BuildPlan
+
+  int servers() const { return ranks + dedicated_servers; }
+};
+
+// Builds the linear layout of `doc_lengths` over options.ranks and plans the
+// CA-tasks with options.policy. The result satisfies ValidatePlan.
+Status BuildPlan(const std::vector<int64_t>& doc_lengths, const PlanOptions& options, const CostModel& cost,
+                 Plan* plan);
+
+// The linear layout alone: documents in order, cut into pieces so that rank r
+// holds global tokens [r * T / R, (r + 1) * T / R) (counts differ by at most 1).
+Status LinearLayout(const std::vector<int64_t>& doc_lengths, int ranks, std::vector<PlanDocument>* documents);
+
+// Loads and traffic of a plan, recomputed from its documents and tasks.
+Status ComputePlanStats(const Plan& plan, const CostModel& cost, PlanStats* stats);
+
+// Checks that a plan is executable and that its statistics are true: pieces
+// partition every document and give every rank the same token count within
+// one block; the tasks of every document partition [0, length) (so every
+// causal pair is computed exactly once) and are cut at block multiples, piece
+// boundaries or the document's ends; servers exist; and plan.stats equals
+// ComputePlanStats. Returns the first violation found.
+Status ValidatePlan(const Plan& plan, const CostModel& cost);
+
+// The plan file (docs/plan_format.md).
+std::string PlanToJson(const Plan& plan);
+Status PlanFromJson(std::string_view json, Plan* plan);
+
+}  // namespace distca

@@ -1,0 +1,40 @@
+// Workloads for planning and training: document-length files and the paper's
+// sampling recipe (DESIGN.md section 6).
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "distca/status.h"
+
+namespace distca {
+
+// A JSON array of positive document lengths, e.g. doc-lengths-pretrain.json.
+Status ParseLengthsJson(std::string_view text, std::vector<int64_t>* lengths);
+
+// {"batches": [[len, len, ...], ...]}: each batch a non-empty list of positive lengths.
+Status ParseBatchesJson(std::string_view text, std::vector<std::vector<int64_t>>* batches);
+
+// The "Pretrain" recipe of the DistCA evaluation: documents of at least
+// upsample_threshold tokens appear `upsample` times, shorter ones are kept with
+// probability filter_ratio, every length is multiplied by `elongate` (capped at
+// max_doc_len), and the shuffled pool is packed greedily into batches of
+// exactly tokens_per_batch tokens (a document that does not fit is cut to the
+// room left; the rest of it is dropped).
+struct WorkloadRecipe {
+  int64_t tokens_per_batch = 0;        // R * tokens per rank; required
+  int upsample = 1;                    // Default: 1 (no upsampling)
+  int64_t upsample_threshold = 65536;  // Default: 64K tokens
+  double filter_ratio = 1.0;           // in (0, 1]. Default: 1 (keep all)
+  double elongate = 1.0;               // > 0. Default: 1
+  int64_t max_doc_len = 0;             // 0 = no cap. Default: 0
+  uint64_t seed = 0;                   // Default: 0
+};
+
+// Samples `count` batches from `pool` (document lengths) following `recipe`.
+// Deterministic for a given seed.
+Status SampleBatches(const std::vector<int64_t>& pool, const WorkloadRecipe& recipe, int count,
+                     std::vector<std::vector<int64_t>>* batches);
+
+}  // namespace distca

@@ -1,0 +1,97 @@
+#include "distca/workload.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <random>
+
+namespace distca {
+namespace {
+
+Status ParseLengthArray(const nlohmann::json& arr, const std::string& where, std::vector<int64_t>* out) {
+  if (!arr.is_array()) return Status::InvalidArgument(where + " must be an array of document lengths");
+  out->clear();
+  out->reserve(arr.size());
+  for (size_t i = 0; i < arr.size(); ++i) {
+    const nlohmann::json& v = arr[i];
+    if (!v.is_number_integer())
+      return Status::InvalidArgument(fmt::format("{}[{}] is not an integer length", where, i));
+    if (v.is_number_unsigned() ? v.get<uint64_t>() > uint64_t{1} << 40 : v.get<int64_t>() > int64_t{1} << 40)
+      return Status::InvalidArgument(fmt::format("{}[{}] is an unreasonably large length", where, i));
+    const int64_t len = v.get<int64_t>();
+    if (len <= 0) return Status::InvalidArgument(fmt::format("{}[{}] = {}: lengths must be positive", where, i, len));
+    out->push_back(len);
+  }
+  if (out->empty()) return Status::InvalidArgument(where + " is empty");
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status ParseLengthsJson(std::string_view text, std::vector<int64_t>* lengths) {
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return Status::InvalidArgument("lengths file is not valid JSON");
+  return ParseLengthArray(j, "lengths", lengths);
+}
+
+Status ParseBatchesJson(std::string_view text, std::vector<std::vector<int64_t>>* batches) {
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return Status::InvalidArgument("docs file is not valid JSON");
+  if (!j.is_object() || !j.contains("batches"))
+    return Status::InvalidArgument("docs file must be an object with a \"batches\" array");
+  const nlohmann::json& b = j["batches"];
+  if (!b.is_array() || b.empty()) return Status::InvalidArgument("\"batches\" must be a non-empty array");
+  batches->assign(b.size(), {});
+  for (size_t i = 0; i < b.size(); ++i)
+    DISTCA_RETURN_IF_ERROR(ParseLengthArray(b[i], fmt::format("batches[{}]", i), &(*batches)[i]));
+  return Status::Ok();
+}
+
+Status SampleBatches(const std::vector<int64_t>& pool, const WorkloadRecipe& r, int count,
+                     std::vector<std::vector<int64_t>>* batches) {
+  if (r.tokens_per_batch <= 0)
+    return Status::InvalidArgument(fmt::format("tokens per batch must be positive, got {}", r.tokens_per_batch));
+  if (r.upsample < 1) return Status::InvalidArgument(fmt::format("upsample must be >= 1, got {}", r.upsample));
+  if (!(r.filter_ratio > 0 && r.filter_ratio <= 1))
+    return Status::InvalidArgument(fmt::format("filter ratio must be in (0, 1], got {}", r.filter_ratio));
+  if (!(r.elongate > 0) || !std::isfinite(r.elongate))
+    return Status::InvalidArgument(fmt::format("elongate must be a positive number, got {}", r.elongate));
+  if (r.max_doc_len < 0) return Status::InvalidArgument("max doc length must be >= 0");
+  if (count < 0) return Status::InvalidArgument("batch count must be >= 0");
+  if (pool.empty()) return Status::InvalidArgument("the length pool is empty");
+
+  std::mt19937_64 rng(r.seed);
+  std::bernoulli_distribution keep(r.filter_ratio);
+  std::vector<int64_t> docs;
+  for (int64_t len : pool) {
+    if (len <= 0) return Status::InvalidArgument(fmt::format("pool holds a non-positive length {}", len));
+    const int copies = len >= r.upsample_threshold ? r.upsample : (keep(rng) ? 1 : 0);
+    int64_t scaled = std::max<int64_t>(1, std::llround(double(len) * r.elongate));
+    if (r.max_doc_len > 0) scaled = std::min(scaled, r.max_doc_len);
+    for (int c = 0; c < copies; ++c) docs.push_back(scaled);
+  }
+  if (docs.empty()) return Status::InvalidArgument("the recipe's filter left no documents");
+
+  batches->clear();
+  size_t next = docs.size();  // reshuffle on first use
+  for (int b = 0; b < count; ++b) {
+    std::vector<int64_t> batch;
+    int64_t room = r.tokens_per_batch;
+    while (room > 0) {
+      if (next == docs.size()) {
+        std::shuffle(docs.begin(), docs.end(), rng);
+        next = 0;
+      }
+      const int64_t len = std::min(docs[next++], room);
+      batch.push_back(len);
+      room -= len;
+    }
+    batches->push_back(std::move(batch));
+  }
+  return Status::Ok();
+}
+
+}  // namespace distca

@@ -1,0 +1,122 @@
+// The planner's cost model: causal pairs, FLOPs, and measured-time tables.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <sstream>
+#include <string>
+
+#include "distca/plan.h"
+
+namespace distca {
+
+int64_t CausalPairs(int64_t q_begin, int64_t q_end) {
+  const int64_t q = q_end - q_begin;
+  if (q <= 0) return 0;
+  return q * q_end - q * (q - 1) / 2;
+}
+
+CostModel CostModel::Flops(const PlanModel& model) {
+  CostModel c;
+  c.flops_per_pair_ = 4.0 * model.head_dim * model.q_heads;
+  return c;
+}
+
+double CostModel::TaskCost(int64_t q_begin, int64_t q_end) const {
+  if (q_end <= q_begin) return 0.0;
+  if (!measured()) return flops_per_pair_ * double(CausalPairs(q_begin, q_end));
+  return TableSeconds(double(q_end - q_begin), double(q_end));
+}
+
+namespace {
+
+// Index i with grid[i] <= x <= grid[i + 1] (x clamped into the grid), and the
+// interpolation weight of grid[i + 1].
+std::pair<size_t, double> Bracket(const std::vector<double>& grid, double x) {
+  if (grid.size() == 1) return {0, 0.0};
+  x = std::clamp(x, grid.front(), grid.back());
+  size_t i = static_cast<size_t>(std::upper_bound(grid.begin(), grid.end(), x) - grid.begin());
+  i = std::clamp<size_t>(i, 1, grid.size() - 1) - 1;
+  return {i, (x - grid[i]) / (grid[i + 1] - grid[i])};
+}
+
+// Causal pairs of the last q rows of a kv-long context, in real numbers.
+double PairsReal(double q, double kv) { return q * kv - q * (q - 1) / 2; }
+
+}  // namespace
+
+double CostModel::TableSeconds(double q_len, double kv_len) const {
+  const size_t nk = kv_grid_.size();
+  auto at = [&](size_t qi, size_t ki) { return seconds_[qi * nk + ki]; };
+  const auto [qi, qw] = Bracket(q_grid_, q_len);
+  const auto [ki, kw] = Bracket(kv_grid_, kv_len);
+  const size_t qj = std::min(qi + 1, q_grid_.size() - 1);
+  const size_t kj = std::min(ki + 1, nk - 1);
+  const double interpolated =
+      (1 - qw) * ((1 - kw) * at(qi, ki) + kw * at(qi, kj)) + qw * ((1 - kw) * at(qj, ki) + kw * at(qj, kj));
+  // Outside the grid, scale from the clamped point by the causal-pair ratio.
+  const double qc = std::clamp(q_len, q_grid_.front(), q_grid_.back());
+  const double kc = std::clamp(kv_len, kv_grid_.front(), kv_grid_.back());
+  if (qc == q_len && kc == kv_len) return interpolated;
+  const double inside = PairsReal(std::min(qc, kc), kc);
+  return inside > 0 ? interpolated * PairsReal(q_len, kv_len) / inside : interpolated;
+}
+
+Status CostModel::FromTableCsv(std::string_view csv_text, CostModel* model) {
+  if (model == nullptr) return Status::InvalidArgument("model is null");
+  std::istringstream in{std::string(csv_text)};
+  std::string line;
+  int line_no = 0;
+  std::map<std::pair<double, double>, double> points;
+  bool header = false;
+  while (std::getline(in, line)) {
+    ++line_no;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty() || line[0] == '#') continue;
+    if (!header) {
+      if (line != "q_len,kv_len,seconds")
+        return Status::InvalidArgument(fmt::format("table line {}: expected header 'q_len,kv_len,seconds'", line_no));
+      header = true;
+      continue;
+    }
+    double q = 0, kv = 0, s = 0;
+    char c1 = 0, c2 = 0;
+    std::istringstream row(line);
+    if (!(row >> q >> c1 >> kv >> c2 >> s) || c1 != ',' || c2 != ',' || !(row >> std::ws).eof())
+      return Status::InvalidArgument(fmt::format("table line {}: expected three comma-separated numbers", line_no));
+    if (!(q >= 1) || !(kv >= q) || !(s > 0) || !std::isfinite(s))
+      return Status::InvalidArgument(
+          fmt::format("table line {}: need 1 <= q_len <= kv_len and seconds > 0, got {},{},{}", line_no, q, kv, s));
+    if (!points.emplace(std::pair{q, kv}, s).second)
+      return Status::InvalidArgument(fmt::format("table line {}: duplicate point ({}, {})", line_no, q, kv));
+  }
+  if (points.empty()) return Status::InvalidArgument("table has no data rows");
+  CostModel c;
+  for (const auto& [key, s] : points) {
+    c.q_grid_.push_back(key.first);
+    c.kv_grid_.push_back(key.second);
+  }
+  for (auto* g : {&c.q_grid_, &c.kv_grid_}) {
+    std::sort(g->begin(), g->end());
+    g->erase(std::unique(g->begin(), g->end()), g->end());
+  }
+  // kv < q cannot occur for a task; such grid cells are filled from the
+  // diagonal (q = kv) so that the grid is complete.
+  for (double q : c.q_grid_) {
+    for (double kv : c.kv_grid_) {
+      auto it = points.find({q, kv});
+      if (it != points.end()) {
+        c.seconds_.push_back(it->second);
+      } else if (kv < q && points.count({kv, kv})) {
+        c.seconds_.push_back(points.at({kv, kv}));
+      } else {
+        return Status::InvalidArgument(fmt::format("table is not a full grid: no row for q_len {}, kv_len {}", q, kv));
+      }
+    }
+  }
+  *model = std::move(c);
+  return Status::Ok();
+}
+
+}  // namespace distca

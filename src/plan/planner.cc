@@ -1,0 +1,138 @@
+// BuildPlan: layout, policy, statistics, and the comm-budget loop.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "plan/planner_internal.h"
+
+namespace distca {
+
+const char* PlanPolicyName(PlanPolicy policy) {
+  switch (policy) {
+    case PlanPolicy::kColocated:
+      return "colocated";
+    case PlanPolicy::kPaper:
+      return "paper";
+    case PlanPolicy::kDistca:
+      return "distca";
+  }
+  return "unknown";
+}
+
+Status ParsePlanPolicy(std::string_view name, PlanPolicy* policy) {
+  for (PlanPolicy p : {PlanPolicy::kColocated, PlanPolicy::kPaper, PlanPolicy::kDistca}) {
+    if (name == PlanPolicyName(p)) {
+      *policy = p;
+      return Status::Ok();
+    }
+  }
+  return Status::InvalidArgument(fmt::format("unknown policy '{}' (expected colocated, paper or distca)", name));
+}
+
+namespace plan {
+
+Status PlanColocated(const CostModel& cost, Plan* plan, std::vector<double>* loads) {
+  plan->tasks.clear();
+  loads->assign(plan->servers(), 0.0);
+  for (size_t d = 0; d < plan->documents.size(); ++d) {
+    for (const PlanPiece& p : plan->documents[d].pieces) {
+      plan->tasks.push_back({static_cast<int32_t>(d), p.begin, p.end, p.rank});
+      (*loads)[p.rank] += cost.TaskCost(p.begin, p.end);
+    }
+  }
+  plan->bound_met = true;
+  return Status::Ok();
+}
+
+}  // namespace plan
+
+namespace {
+
+Status ValidateOptions(const PlanOptions& o) {
+  if (o.ranks <= 0) return Status::InvalidArgument(fmt::format("ranks must be positive, got {}", o.ranks));
+  if (o.dedicated_servers < 0)
+    return Status::InvalidArgument(fmt::format("dedicated servers must be >= 0, got {}", o.dedicated_servers));
+  if (!(o.tolerance >= 0) || !std::isfinite(o.tolerance))
+    return Status::InvalidArgument(fmt::format("tolerance must be a finite number >= 0, got {}", o.tolerance));
+  if (o.block <= 0) return Status::InvalidArgument(fmt::format("block must be positive, got {}", o.block));
+  if (o.comm_budget < 0) return Status::InvalidArgument(fmt::format("comm budget must be >= 0, got {}", o.comm_budget));
+  const PlanModel& m = o.model;
+  if (m.q_heads <= 0 || m.kv_heads <= 0 || m.head_dim <= 0 || m.dtype_bytes <= 0)
+    return Status::InvalidArgument(
+        fmt::format("model sizes must be positive (q_heads {}, kv_heads {}, head_dim {}, "
+                    "dtype_bytes {})",
+                    m.q_heads, m.kv_heads, m.head_dim, m.dtype_bytes));
+  if (m.q_heads % m.kv_heads != 0)
+    return Status::InvalidArgument(
+        fmt::format("q_heads ({}) is not a multiple of kv_heads ({})", m.q_heads, m.kv_heads));
+  return Status::Ok();
+}
+
+// Runs the policy at tolerance eps and fills plan->stats, cross-checking the
+// policy's own loads against a from-scratch recomputation.
+Status PlanOnce(const PlanOptions& o, const CostModel& cost, double eps, Plan* plan) {
+  std::vector<double> loads;
+  switch (o.policy) {
+    case PlanPolicy::kColocated:
+      DISTCA_RETURN_IF_ERROR(plan::PlanColocated(cost, plan, &loads));
+      break;
+    case PlanPolicy::kPaper:
+      DISTCA_RETURN_IF_ERROR(plan::PlanPaper(cost, eps, plan, &loads));
+      break;
+    case PlanPolicy::kDistca:
+      DISTCA_RETURN_IF_ERROR(plan::PlanDistca(cost, eps, plan, &loads));
+      break;
+  }
+  plan->tolerance_used = eps;
+  DISTCA_RETURN_IF_ERROR(ComputePlanStats(*plan, cost, &plan->stats));
+  for (size_t s = 0; s < loads.size(); ++s) {
+    const double a = loads[s], b = plan->stats.load[s];
+    if (std::abs(a - b) > 1e-6 * std::max({1.0, std::abs(a), std::abs(b)}))
+      return Status::Internal(fmt::format("{} policy: server {} load {} disagrees with the recomputed {}",
+                                          PlanPolicyName(o.policy), s, a, b));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status BuildPlan(const std::vector<int64_t>& doc_lengths, const PlanOptions& o, const CostModel& cost, Plan* plan) {
+  if (plan == nullptr) return Status::InvalidArgument("plan is null");
+  DISTCA_RETURN_IF_ERROR(ValidateOptions(o));
+  Plan p;
+  p.ranks = o.ranks;
+  p.dedicated_servers = o.dedicated_servers;
+  p.block = o.block;
+  p.policy = o.policy;
+  p.model = o.model;
+  DISTCA_RETURN_IF_ERROR(LinearLayout(doc_lengths, o.ranks, &p.documents));
+
+  double eps = o.tolerance;
+  DISTCA_RETURN_IF_ERROR(PlanOnce(o, cost, eps, &p));
+  if (o.comm_budget > 0 && p.stats.traffic.max_rank_bytes() > o.comm_budget) {
+    // Raise eps until the busiest rank's traffic fits. Beyond the colocated
+    // plan's own imbalance nothing moves, so that is where the search ends.
+    Plan colocated = p;
+    PlanOptions co = o;
+    co.policy = PlanPolicy::kColocated;
+    DISTCA_RETURN_IF_ERROR(PlanOnce(co, cost, 0.0, &colocated));
+    const double eps_max = colocated.stats.max_over_mean() - 1.0;
+    if (colocated.stats.traffic.max_rank_bytes() > o.comm_budget)
+      return Status::InvalidArgument(
+          fmt::format("comm budget {} bytes is below what the linear layout alone moves "
+                      "({} bytes on the busiest rank)",
+                      o.comm_budget, colocated.stats.traffic.max_rank_bytes()));
+    for (int step = 1; p.stats.traffic.max_rank_bytes() > o.comm_budget; ++step) {
+      eps = o.tolerance + 0.05 * step;
+      DISTCA_RETURN_IF_ERROR(PlanOnce(o, cost, eps, &p));
+      if (eps > eps_max && p.stats.traffic.max_rank_bytes() > o.comm_budget)
+        return Status::Internal(fmt::format("{} policy moves work at eps {} beyond the colocated imbalance {}",
+                                            PlanPolicyName(o.policy), eps, eps_max));
+    }
+  }
+  *plan = std::move(p);
+  return Status::Ok();
+}
+
+}  // namespace distca

@@ -1,0 +1,170 @@
+// The `paper` policy: DistCA's published greedy balancer
+// (hao-ai-lab/DistCA, distca/planner/planner.py, Planner.plan_items), kept for
+// side-by-side comparison. docs/planner.md lists its known flaws. Faithful in:
+//   - items: each linear-layout piece starts as one item on its rank;
+//   - mean over all servers; recipients are servers strictly below the mean,
+//     taken once, largest deficit first; donors are the servers strictly above
+//     the mean, recomputed at every step;
+//   - candidates: every item on a donor, scored by the published estimate
+//     volume / F with F = min(donor surplus, need, item FLOPs) in causal
+//     pairs, volume = (F / (L + 1)) * hidden + 2 * (L + 1) * Hkv * D
+//     (whole-document KV; element counts); lowest score wins, ties to the
+//     earliest item;
+//   - an item whose FLOPs fit in F moves whole, else the innermost m mirrored
+//     pairs around the item's middle move (head/tail split), m = F / pair cost,
+//     so the moved FLOPs never exceed F;
+//   - a recipient stops when its deficit is within eps * mean, when no donor or
+//     candidate is left, or when the best candidate would move nothing.
+// Adapted to this project: cuts fall on block multiples (m is rounded down to
+// whole blocks and the middle is a block multiple), FLOPs include the
+// 4 * D * Hq factor (the ordering is unchanged), and costs may come from a
+// measured table.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "plan/planner_internal.h"
+
+namespace distca::plan {
+namespace {
+
+// An item: one or two query ranges (head, tail) of one document on one server.
+// A single range is stored as head = [b, c), tail = [c, e) around its middle c.
+struct Item {
+  int32_t doc;
+  int64_t head_begin, head_end;  // head [head_begin, head_end)
+  int64_t tail_begin, tail_end;  // tail [tail_begin, tail_end)
+  int server;
+  bool moved_out = false;  // moved to a recipient: never a candidate again
+};
+
+class PaperPlanner {
+ public:
+  PaperPlanner(const CostModel& cost, double eps, Plan* plan) : cost_(cost), eps_(eps), plan_(*plan) {}
+  void Run(std::vector<double>* loads);
+
+ private:
+  double Flops(const Item& it) const {
+    return cost_.TaskCost(it.head_begin, it.head_end) + cost_.TaskCost(it.tail_begin, it.tail_end);
+  }
+  // Moves up to f of item i to `recipient`; returns the cost moved.
+  double Split(size_t i, double f, int recipient);
+
+  const CostModel& cost_;
+  const double eps_;
+  Plan& plan_;
+  std::vector<Item> items_;
+};
+
+double PaperPlanner::Split(size_t i, double f, int recipient) {
+  Item& it = items_[i];
+  const double total = Flops(it);
+  if (f >= total) {  // move whole
+    it.server = recipient;
+    it.moved_out = true;
+    return total;
+  }
+  // Innermost mirrored pairs (head_end - 1 - j, tail_begin + j) each cost the
+  // same (head_end + tail_begin + 1 causal pairs), so m pairs move m of them.
+  const int64_t block = plan_.block;
+  const double pair_cost =
+      cost_.TaskCost(it.head_end - 1, it.head_end) + cost_.TaskCost(it.tail_begin, it.tail_begin + 1);
+  int64_t m = pair_cost > 0 ? static_cast<int64_t>(std::floor(f / pair_cost)) : 0;
+  m = std::min({m, it.head_end - it.head_begin, it.tail_end - it.tail_begin});
+  m = m / block * block;  // cuts stay on block multiples (head_end, tail_begin are)
+  if (m <= 0) return 0.0;
+  Item moved = it;
+  moved.head_begin = it.head_end - m;
+  moved.tail_end = it.tail_begin + m;
+  moved.server = recipient;
+  moved.moved_out = true;
+  it.head_end -= m;
+  it.tail_begin += m;
+  const double amount = Flops(moved);
+  items_.push_back(moved);
+  return amount;
+}
+
+void PaperPlanner::Run(std::vector<double>* loads) {
+  const int servers = plan_.servers();
+  const int64_t block = plan_.block;
+  items_.clear();
+  std::vector<double> load(servers, 0.0);
+  for (size_t d = 0; d < plan_.documents.size(); ++d) {
+    for (const PlanPiece& p : plan_.documents[d].pieces) {
+      // The middle, on a block multiple inside the piece when there is one.
+      int64_t mid = (p.begin + (p.end - p.begin + 1) / 2) / block * block;
+      if (mid <= p.begin) mid = std::min(p.end, (p.begin / block + 1) * block);
+      items_.push_back({static_cast<int32_t>(d), p.begin, mid, mid, p.end, p.rank});
+      load[p.rank] += Flops(items_.back());
+    }
+  }
+  const double mean = std::accumulate(load.begin(), load.end(), 0.0) / servers;
+  const double threshold = eps_ * mean;
+  const double hidden = double(plan_.model.q_heads) * plan_.model.head_dim;
+  const double kv_width = 2.0 * plan_.model.kv_heads * plan_.model.head_dim;
+
+  std::vector<int> recipients;
+  for (int s = 0; s < servers; ++s)
+    if (load[s] < mean) recipients.push_back(s);
+  std::stable_sort(recipients.begin(), recipients.end(), [&](int a, int b) { return load[a] < load[b]; });
+
+  for (int r : recipients) {
+    double need = mean - load[r];
+    while (need > threshold) {
+      // Candidates: items on donors (strictly above the mean) with work left.
+      size_t best = items_.size();
+      double best_score = 0, best_f = 0;
+      bool any_donor = false;
+      for (size_t i = 0; i < items_.size(); ++i) {
+        const Item& it = items_[i];
+        const double surplus = load[it.server] - mean;
+        if (it.moved_out || surplus <= 0) continue;
+        any_donor = true;
+        const double flops = Flops(it);
+        if (flops <= 0) continue;
+        const double f = std::min({surplus, need, flops});
+        const double length = double(plan_.documents[it.doc].length);
+        // The published estimate works in causal pairs: query tokens
+        // F / (L + 1), whole-document KV. Convert F from cost units.
+        const double item_pairs =
+            double(CausalPairs(it.head_begin, it.head_end) + CausalPairs(it.tail_begin, it.tail_end));
+        const double f_pairs = f * item_pairs / flops;
+        const double volume = f_pairs / (length + 1) * hidden + (length + 1) * kv_width;
+        const double score = volume / f_pairs;
+        if (best == items_.size() || score < best_score) {
+          best = i;
+          best_score = score;
+          best_f = f;
+        }
+      }
+      if (!any_donor || best == items_.size()) break;
+      const int donor = items_[best].server;
+      const double moved = Split(best, best_f, r);
+      if (moved <= 0) break;  // as published: give up on this recipient
+      load[donor] -= moved;
+      load[r] += moved;
+      need -= moved;
+    }
+  }
+
+  plan_.tasks.clear();
+  for (const Item& it : items_) {
+    if (it.head_begin < it.head_end) plan_.tasks.push_back({it.doc, it.head_begin, it.head_end, it.server});
+    if (it.tail_begin < it.tail_end) plan_.tasks.push_back({it.doc, it.tail_begin, it.tail_end, it.server});
+  }
+  load.assign(servers, 0.0);
+  for (const PlanTask& t : plan_.tasks) load[t.server] += cost_.TaskCost(t.q_begin, t.q_end);
+  *loads = std::move(load);
+}
+
+}  // namespace
+
+Status PlanPaper(const CostModel& cost, double eps, Plan* plan, std::vector<double>* loads) {
+  PaperPlanner planner(cost, eps, plan);
+  planner.Run(loads);
+  plan->bound_met = true;  // the paper policy makes no max-load promise
+  return Status::Ok();
+}
+
+}  // namespace distca::plan

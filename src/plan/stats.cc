@@ -1,0 +1,107 @@
+// Loads and traffic of a plan, computed from scratch.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <numeric>
+
+#include "plan/planner_internal.h"
+
+namespace distca {
+
+namespace plan {
+
+ByteRates ByteRatesFor(const PlanModel& m) {
+  ByteRates r;
+  r.q_row = int64_t{m.q_heads} * m.head_dim * m.dtype_bytes;
+  r.kv_row = 2 * int64_t{m.kv_heads} * m.head_dim * m.dtype_bytes;
+  r.stat_row = int64_t{m.q_heads} * 4;
+  r.dkv32_row = 2 * int64_t{m.kv_heads} * m.head_dim * 4;
+  return r;
+}
+
+}  // namespace plan
+
+int64_t PlanTraffic::max_rank_bytes() const {
+  int64_t m = 0;
+  for (size_t i = 0; i < sent.size(); ++i) m = std::max({m, sent[i], received[i]});
+  return m;
+}
+
+namespace {
+
+// Rows of [a, b) of `doc` that `server` does not hold, by owning rank:
+// calls fn(owner, rows) for each piece overlapping [a, b) held elsewhere.
+template <class Fn>
+void ForeignRows(const PlanDocument& doc, int server, int64_t a, int64_t b, Fn&& fn) {
+  for (const PlanPiece& p : doc.pieces) {
+    const int64_t lo = std::max(a, p.begin);
+    const int64_t hi = std::min(b, p.end);
+    if (lo < hi && p.rank != server) fn(p.rank, hi - lo);
+  }
+}
+
+}  // namespace
+
+Status ComputePlanStats(const Plan& plan, const CostModel& cost, PlanStats* stats) {
+  if (stats == nullptr) return Status::InvalidArgument("stats is null");
+  const int servers = plan.servers();
+  if (servers <= 0) return Status::InvalidArgument(fmt::format("plan has {} servers", servers));
+  PlanStats s;
+  s.load.assign(servers, 0.0);
+  s.traffic.sent.assign(servers, 0);
+  s.traffic.received.assign(servers, 0);
+  s.tasks = static_cast<int64_t>(plan.tasks.size());
+  const plan::ByteRates rates = plan::ByteRatesFor(plan.model);
+
+  // Group tasks by (document, server): K/V moves once per group.
+  std::vector<size_t> order(plan.tasks.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](size_t x, size_t y) {
+    const PlanTask& a = plan.tasks[x];
+    const PlanTask& b = plan.tasks[y];
+    return a.doc != b.doc ? a.doc < b.doc : (a.server != b.server ? a.server < b.server : a.q_begin < b.q_begin);
+  });
+  PlanTraffic& t = s.traffic;
+  for (size_t i = 0; i < order.size();) {
+    const PlanTask& first = plan.tasks[order[i]];
+    if (first.doc < 0 || first.doc >= static_cast<int32_t>(plan.documents.size()))
+      return Status::InvalidArgument(
+          fmt::format("task {} names document {}, which does not exist", order[i], first.doc));
+    if (first.server < 0 || first.server >= servers)
+      return Status::InvalidArgument(
+          fmt::format("task {} names server {}, which does not exist", order[i], first.server));
+    const PlanDocument& doc = plan.documents[first.doc];
+    const int server = first.server;
+    int64_t kv_end = 0;
+    for (; i < order.size() && plan.tasks[order[i]].doc == first.doc && plan.tasks[order[i]].server == server; ++i) {
+      const PlanTask& task = plan.tasks[order[i]];
+      s.load[server] += cost.TaskCost(task.q_begin, task.q_end);
+      kv_end = std::max(kv_end, task.q_end);
+      ForeignRows(doc, server, task.q_begin, task.q_end, [&](int owner, int64_t rows) {
+        const int64_t there = rows * (rates.q_row + 2 * rates.q_row + 2 * rates.stat_row);  // Q; Q dO LSE delta
+        const int64_t back = rows * (rates.q_row + rates.stat_row + rates.q_row);           // O LSE; dQ
+        t.forward_bytes += rows * (2 * rates.q_row + rates.stat_row);
+        t.backward_bytes += rows * (3 * rates.q_row + 2 * rates.stat_row);
+        t.sent[owner] += there;
+        t.received[server] += there;
+        t.sent[server] += back;
+        t.received[owner] += back;
+      });
+    }
+    ForeignRows(doc, server, 0, kv_end, [&](int owner, int64_t rows) {
+      t.forward_bytes += rows * rates.kv_row;
+      t.backward_bytes += rows * (rates.kv_row + rates.dkv32_row);
+      t.sent[owner] += rows * 2 * rates.kv_row;
+      t.received[server] += rows * 2 * rates.kv_row;
+      t.sent[server] += rows * rates.dkv32_row;
+      t.received[owner] += rows * rates.dkv32_row;
+    });
+  }
+  s.load_mean = std::accumulate(s.load.begin(), s.load.end(), 0.0) / servers;
+  s.load_max = *std::max_element(s.load.begin(), s.load.end());
+  s.load_min = *std::min_element(s.load.begin(), s.load.end());
+  *stats = std::move(s);
+  return Status::Ok();
+}
+
+}  // namespace distca
