@@ -7,6 +7,7 @@
 #include <string>
 
 #include "bench/attention_bench.h"
+#include "common/cli_checks.h"
 #include "bench/plan_bench.h"
 
 int main(int argc, char** argv) {
@@ -19,12 +20,12 @@ int main(int argc, char** argv) {
   attention->add_flag("--short", attn.short_mode, "CI mode: fewer, smaller cases (under a minute)");
   attention->add_flag("--json", attn.json, "print one JSON array of records instead of a table");
   attention->add_option("--threads", attn.threads, "thread counts to measure (Default: 1 2)")
-      ->check(CLI::PositiveNumber)
+      ->check(distca::cli::kPositive)
       ->delimiter(',');
   attention->add_option("--kernel", kernel, "auto, scalar, avx2 or avx512 (Default: auto)")
       ->check(CLI::IsMember({"auto", "scalar", "avx2", "avx512"}));
   attention->add_option("--min-seconds", attn.min_seconds, "minimum time per measurement (Default: by mode)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(distca::cli::kNonNegative);
 
   distca::bench::PlanBenchOptions plan;
   plan.lengths_file = DISTCA_SOURCE_DIR "/data/doc-lengths-pretrain.json";

@@ -58,6 +58,75 @@ int64_t FirstTrue(const Cuts& c, int64_t lo, int64_t hi, Pred&& pred) {
   return a;
 }
 
+// ---------------------------------------------------------------------------
+// Fallback when the greedy misses the bound: pack all indivisible units (the
+// segments between allowed cuts) by first-fit decreasing, the classic
+// bin-packing heuristic. Tried first with each unit offered to its owner rank
+// before the first fit (keeps more rows home), then as plain first-fit
+// decreasing. Units of one document that land on one server are merged back
+// into tasks.
+
+// Leftmost server with room >= need, in O(log N): a max segment tree over rooms.
+class FirstFit {
+ public:
+  explicit FirstFit(const std::vector<double>& room) : n_(1) {
+    while (n_ < static_cast<int>(room.size())) n_ *= 2;
+    tree_.assign(2 * n_, -1.0);
+    for (size_t i = 0; i < room.size(); ++i) tree_[n_ + i] = room[i];
+    for (int i = n_ - 1; i > 0; --i) tree_[i] = std::max(tree_[2 * i], tree_[2 * i + 1]);
+  }
+  int Find(double need) const {
+    if (tree_[1] < need) return -1;
+    int i = 1;
+    while (i < n_) i = tree_[2 * i] >= need ? 2 * i : 2 * i + 1;
+    return i - n_;
+  }
+  double Room(int s) const { return tree_[n_ + s]; }
+  void Take(int s, double amount) {
+    int i = n_ + s;
+    tree_[i] -= amount;
+    for (i /= 2; i > 0; i /= 2) tree_[i] = std::max(tree_[2 * i], tree_[2 * i + 1]);
+  }
+
+ private:
+  int n_;
+  std::vector<double> tree_;
+};
+
+struct Unit {
+  double cost;
+  int32_t doc;
+  int64_t begin, end;
+  int owner;
+};
+
+// Returns false when some unit fits nowhere.
+bool PackUnits(const CostModel& cost, double cap, bool owner_first, Plan* plan) {
+  std::vector<Unit> units;
+  for (size_t d = 0; d < plan->documents.size(); ++d) {
+    const PlanDocument& doc = plan->documents[d];
+    for (const PlanPiece& p : doc.pieces) {
+      for (int64_t a = p.begin; a < p.end;) {
+        const int64_t b = std::min(p.end, (a / plan->block + 1) * plan->block);
+        units.push_back({cost.TaskCost(a, b), static_cast<int32_t>(d), a, b, p.rank});
+        a = b;
+      }
+    }
+  }
+  std::stable_sort(units.begin(), units.end(), [](const Unit& x, const Unit& y) { return x.cost > y.cost; });
+  FirstFit bins(std::vector<double>(plan->servers(), cap));
+  std::vector<PlanTask> tasks;
+  tasks.reserve(units.size());
+  for (const Unit& u : units) {
+    int s = owner_first && bins.Room(u.owner) >= u.cost ? u.owner : bins.Find(u.cost);
+    if (s < 0) return false;
+    bins.Take(s, u.cost);
+    tasks.push_back({u.doc, u.begin, u.end, s});
+  }
+  plan->tasks = std::move(tasks);
+  return true;
+}
+
 struct Move {
   bool valid = false;
   int server = -1;  // receiver
@@ -273,6 +342,19 @@ Status DistcaPlanner::Run(double eps, std::vector<double>* loads) {
     }
   }
 
+  if (!plan_.bound_met) {
+    // A relative slack of 1e-10 absorbs the rounding of summing costs in a
+    // different order; bound_met allows 1e-9.
+    const std::vector<PlanTask> greedy = plan_.tasks;
+    for (bool owner_first : {true, false}) {
+      if (PackUnits(cost_, cap_ * (1 + 1e-10), owner_first, &plan_)) {
+        plan_.bound_met = true;
+        break;
+      }
+    }
+    if (!plan_.bound_met) plan_.tasks = greedy;
+  }
+
   // Drop emptied tasks and merge adjacent tasks of one document on one server.
   std::vector<PlanTask>& tasks = plan_.tasks;
   tasks.erase(std::remove_if(tasks.begin(), tasks.end(), [](const PlanTask& t) { return t.q_begin >= t.q_end; }),
@@ -289,10 +371,10 @@ Status DistcaPlanner::Run(double eps, std::vector<double>* loads) {
       merged.push_back(t);
   }
   tasks = std::move(merged);
-  if (cost_.measured()) {  // merged measured costs are not sums of the parts
-    load_.assign(servers_, 0.0);
-    for (const PlanTask& t : tasks) load_[t.server] += Cost(t.q_begin, t.q_end);
-  }
+  // Loads of the final tasks (a fallback packing replaced the greedy's, and
+  // merged measured costs are not sums of their parts).
+  load_.assign(servers_, 0.0);
+  for (const PlanTask& t : tasks) load_[t.server] += Cost(t.q_begin, t.q_end);
   *loads = load_;
   return Status::Ok();
 }

@@ -1,0 +1,79 @@
+#include "distca/workload.h"
+
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+namespace distca {
+namespace {
+
+bool Contains(const Status& s, const std::string& needle) { return s.message().find(needle) != std::string::npos; }
+
+TEST(WorkloadTest, ParsesLengthsAndBatches) {
+  std::vector<int64_t> lengths;
+  ASSERT_TRUE(ParseLengthsJson("[3, 1, 4]", &lengths).ok());
+  EXPECT_EQ(lengths, (std::vector<int64_t>{3, 1, 4}));
+  std::vector<std::vector<int64_t>> batches;
+  ASSERT_TRUE(ParseBatchesJson(R"({"batches": [[5, 6], [7]]})", &batches).ok());
+  ASSERT_EQ(batches.size(), 2u);
+  EXPECT_EQ(batches[1], (std::vector<int64_t>{7}));
+}
+
+TEST(WorkloadTest, RejectsBadFiles) {
+  std::vector<int64_t> lengths;
+  std::vector<std::vector<int64_t>> batches;
+  EXPECT_TRUE(Contains(ParseLengthsJson("[3, ", &lengths), "not valid JSON"));
+  EXPECT_TRUE(Contains(ParseLengthsJson("[]", &lengths), "empty"));
+  EXPECT_TRUE(Contains(ParseLengthsJson("[3, 0]", &lengths), "lengths[1] = 0"));
+  EXPECT_TRUE(Contains(ParseLengthsJson("[3, -2]", &lengths), "must be positive"));
+  EXPECT_TRUE(Contains(ParseLengthsJson("[3, 2.5]", &lengths), "not an integer"));
+  EXPECT_TRUE(Contains(ParseBatchesJson("[[1]]", &batches), "\"batches\""));
+  EXPECT_TRUE(Contains(ParseBatchesJson(R"({"batches": []})", &batches), "non-empty"));
+  EXPECT_TRUE(Contains(ParseBatchesJson(R"({"batches": [[1], []]})", &batches), "batches[1] is empty"));
+  EXPECT_TRUE(Contains(ParseBatchesJson(R"({"batches": [[1, "x"]]})", &batches), "batches[0][1]"));
+}
+
+TEST(WorkloadTest, SamplesExactBudgetsDeterministically) {
+  std::vector<int64_t> pool(1000);
+  std::iota(pool.begin(), pool.end(), 1);
+  pool.push_back(100000);
+  WorkloadRecipe r;
+  r.tokens_per_batch = 1 << 16;
+  r.upsample = 4;
+  r.upsample_threshold = 50000;
+  r.filter_ratio = 0.5;
+  r.elongate = 2;
+  r.max_doc_len = 150000;
+  r.seed = 3;
+  std::vector<std::vector<int64_t>> a, b;
+  ASSERT_TRUE(SampleBatches(pool, r, 5, &a).ok());
+  ASSERT_TRUE(SampleBatches(pool, r, 5, &b).ok());
+  EXPECT_EQ(a, b);
+  for (const auto& batch : a) {
+    EXPECT_EQ(std::accumulate(batch.begin(), batch.end(), int64_t{0}), r.tokens_per_batch);
+    for (int64_t len : batch) {
+      EXPECT_GT(len, 0);
+      EXPECT_LE(len, r.max_doc_len);
+    }
+  }
+  r.seed = 4;
+  ASSERT_TRUE(SampleBatches(pool, r, 5, &b).ok());
+  EXPECT_NE(a, b);
+}
+
+TEST(WorkloadTest, RecipeArguments) {
+  std::vector<std::vector<int64_t>> out;
+  WorkloadRecipe r;
+  EXPECT_TRUE(Contains(SampleBatches({5}, r, 1, &out), "tokens per batch"));
+  r.tokens_per_batch = 10;
+  r.filter_ratio = 0;
+  EXPECT_TRUE(Contains(SampleBatches({5}, r, 1, &out), "filter ratio"));
+  r.filter_ratio = 1;
+  r.elongate = 0;
+  EXPECT_TRUE(Contains(SampleBatches({5}, r, 1, &out), "elongate"));
+  r.elongate = 1;
+  EXPECT_TRUE(Contains(SampleBatches({}, r, 1, &out), "empty"));
+}
+
+}  // namespace
+}  // namespace distca

@@ -1,0 +1,274 @@
+// The planner's parts: layout, cost model, traffic, validation, JSON, budget.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <numeric>
+
+#include "distca/plan.h"
+
+namespace distca {
+namespace {
+
+bool Contains(const Status& s, const std::string& needle) { return s.message().find(needle) != std::string::npos; }
+
+TEST(LayoutTest, EqualTokensAndContiguousPieces) {
+  std::vector<PlanDocument> docs;
+  ASSERT_TRUE(LinearLayout({5, 1000, 3, 77, 2048}, 7, &docs).ok());
+  std::vector<int64_t> tokens(7, 0);
+  int last_rank = 0;
+  for (const PlanDocument& d : docs) {
+    int64_t pos = 0;
+    for (const PlanPiece& p : d.pieces) {
+      EXPECT_EQ(p.begin, pos);
+      EXPECT_GE(p.rank, last_rank);  // documents are laid out in order
+      last_rank = p.rank;
+      tokens[p.rank] += p.end - p.begin;
+      pos = p.end;
+    }
+    EXPECT_EQ(pos, d.length);
+  }
+  const auto [lo, hi] = std::minmax_element(tokens.begin(), tokens.end());
+  EXPECT_LE(*hi - *lo, 1);
+  EXPECT_EQ(std::accumulate(tokens.begin(), tokens.end(), int64_t{0}), 5 + 1000 + 3 + 77 + 2048);
+}
+
+TEST(LayoutTest, BadInput) {
+  std::vector<PlanDocument> docs;
+  EXPECT_TRUE(Contains(LinearLayout({}, 2, &docs), "no documents"));
+  EXPECT_TRUE(Contains(LinearLayout({5, 0}, 2, &docs), "document 1 has length 0"));
+  EXPECT_TRUE(Contains(LinearLayout({5, -3}, 2, &docs), "document 1 has length -3"));
+  EXPECT_TRUE(Contains(LinearLayout({5}, 0, &docs), "ranks must be positive"));
+  EXPECT_TRUE(Contains(LinearLayout({3}, 4, &docs), "cannot give each of 4 ranks a token"));
+}
+
+TEST(CostModelTest, CausalPairsAndMirroredPairs) {
+  for (int64_t b = 0; b < 40; b += 3) {
+    for (int64_t e = b; e < 60; e += 7) {
+      int64_t brute = 0;
+      for (int64_t row = b; row < e; ++row) brute += row + 1;  // row sees keys 0..row
+      EXPECT_EQ(CausalPairs(b, e), brute) << b << " " << e;
+    }
+  }
+  // DESIGN.md section 3: tokens p and L-1-p of a length-L document cost L+1.
+  const int64_t L = 1000;
+  for (int64_t p = 0; p < L / 2; p += 37) EXPECT_EQ(CausalPairs(p, p + 1) + CausalPairs(L - 1 - p, L - p), L + 1);
+  const CostModel flops = CostModel::Flops({.q_heads = 32, .kv_heads = 8, .head_dim = 128, .dtype_bytes = 2});
+  EXPECT_DOUBLE_EQ(flops.TaskCost(0, 4096), 4.0 * CausalPairs(0, 4096) * 128 * 32);
+  EXPECT_EQ(flops.TaskCost(5, 5), 0.0);
+}
+
+TEST(CostModelTest, TableInterpolatesBilinearlyAndScalesOutside) {
+  CostModel t;
+  const std::string csv =
+      "# seconds per task\nq_len,kv_len,seconds\n128,128,1\n128,1024,4\n512,512,3\n512,1024,8\n"
+      "128,512,2\n";  // (512, 128) is below the diagonal and filled from (128, 128)
+  ASSERT_TRUE(CostModel::FromTableCsv(csv, &t).ok());
+  EXPECT_TRUE(t.measured());
+  EXPECT_DOUBLE_EQ(t.TaskCost(1024 - 512, 1024), 8.0);  // q 512, kv 1024: a grid point
+  EXPECT_DOUBLE_EQ(t.TaskCost(512 - 128, 512), 2.0);
+  // Midpoint of q in [128, 512] at kv 1024: halfway between 4 and 8.
+  EXPECT_DOUBLE_EQ(t.TaskCost(1024 - 320, 1024), 6.0);
+  // Beyond the grid: kv 2048 scales the (512, 1024) value by the pair ratio.
+  const double pairs_in = 512.0 * 1024 - 512.0 * 511 / 2, pairs_out = 512.0 * 2048 - 512.0 * 511 / 2;
+  EXPECT_NEAR(t.TaskCost(2048 - 512, 2048), 8.0 * pairs_out / pairs_in, 1e-9);
+}
+
+TEST(CostModelTest, TableErrors) {
+  CostModel t;
+  EXPECT_TRUE(Contains(CostModel::FromTableCsv("q,kv,s\n1,1,1\n", &t), "expected header"));
+  EXPECT_TRUE(Contains(CostModel::FromTableCsv("q_len,kv_len,seconds\n", &t), "no data rows"));
+  EXPECT_TRUE(Contains(CostModel::FromTableCsv("q_len,kv_len,seconds\n1,2\n", &t), "three comma-separated"));
+  EXPECT_TRUE(Contains(CostModel::FromTableCsv("q_len,kv_len,seconds\n4,2,1\n", &t), "q_len <= kv_len"));
+  EXPECT_TRUE(Contains(CostModel::FromTableCsv("q_len,kv_len,seconds\n1,2,-1\n", &t), "seconds > 0"));
+  EXPECT_TRUE(Contains(CostModel::FromTableCsv("q_len,kv_len,seconds\n1,2,1\n1,2,3\n", &t), "duplicate"));
+  EXPECT_TRUE(Contains(CostModel::FromTableCsv("q_len,kv_len,seconds\n1,2,1\n2,4,1\n", &t), "not a full grid"));
+}
+
+// A plan small enough to count its bytes by hand (see the comments).
+Plan HandPlan() {
+  Plan p;
+  p.ranks = 2;
+  p.block = 2;
+  p.model = {.q_heads = 2, .kv_heads = 1, .head_dim = 4, .dtype_bytes = 2};
+  // 8 tokens, 4 per rank: rank 0 holds doc 0 [0, 4); rank 1 holds doc 0 [4, 6) and doc 1 [0, 2).
+  EXPECT_TRUE(LinearLayout({6, 2}, 2, &p.documents).ok());
+  p.tasks = {{0, 0, 4, 1}, {0, 4, 6, 1}, {1, 0, 2, 0}};
+  return p;
+}
+
+TEST(StatsTest, HandCountedTraffic) {
+  Plan p = HandPlan();
+  const CostModel cost = CostModel::Flops(p.model);
+  PlanStats s;
+  ASSERT_TRUE(ComputePlanStats(p, cost, &s).ok());
+  // Rows: Q/O/dO/dQ 2*4*2 = 16 B, K+V 2*1*4*2 = 16 B, LSE/delta 2*4 = 8 B, dK+dV fp32 32 B.
+  // Foreign query rows: doc 0 [0, 4) on server 1 (owner rank 0), doc 1 [0, 2) on server 0 (owner 1): 6.
+  // Foreign K/V rows: doc 0 [0, 6) minus held [4, 6) on server 1: 4; doc 1 [0, 2) on server 0: 2.
+  EXPECT_EQ(s.traffic.forward_bytes, 6 * (16 + 16 + 8) + 6 * 16);             // Q; O+LSE; K/V
+  EXPECT_EQ(s.traffic.backward_bytes, 6 * (3 * 16 + 2 * 8) + 6 * (16 + 32));  // Q,dO,LSE,delta,dQ; K/V, dK/dV
+  EXPECT_EQ(s.traffic.sent[0], 4 * 64 + 4 * 32 + 2 * 40 + 2 * 32);            // to server 1; back to rank 1
+  EXPECT_EQ(s.traffic.received[0], 4 * 40 + 4 * 32 + 2 * 64 + 2 * 32);
+  EXPECT_EQ(s.traffic.sent[1], s.traffic.received[0]);
+  EXPECT_EQ(s.traffic.received[1], s.traffic.sent[0]);
+  EXPECT_EQ(s.traffic.total_bytes(), s.traffic.sent[0] + s.traffic.sent[1]);
+  EXPECT_EQ(s.traffic.max_rank_bytes(), std::max(s.traffic.sent[0], s.traffic.received[0]));
+  EXPECT_DOUBLE_EQ(s.load[1], 32.0 * CausalPairs(0, 6));  // 4 * D * Hq = 32 FLOPs per pair
+  EXPECT_DOUBLE_EQ(s.load[0], 32.0 * CausalPairs(0, 2));
+  EXPECT_EQ(s.tasks, 3);
+}
+
+TEST(ValidateTest, AcceptsTheHandPlanAndCatchesEveryBreak) {
+  const CostModel cost = CostModel::Flops(HandPlan().model);
+  auto validated = [&](Plan p) {
+    const Status st = ComputePlanStats(p, cost, &p.stats);
+    return st.ok() ? ValidatePlan(p, cost) : st;
+  };
+  EXPECT_TRUE(validated(HandPlan()).ok());
+
+  Plan p = HandPlan();
+  p.tasks.pop_back();
+  EXPECT_TRUE(Contains(validated(p), "computed by no task"));
+  p = HandPlan();
+  p.tasks[1].q_begin = 2;  // [2, 6) overlaps [0, 4)
+  EXPECT_TRUE(Contains(validated(p), "computed twice"));
+  p = HandPlan();
+  p.tasks[0].q_end = 3;  // 3 is no block multiple (block 2) nor a piece boundary
+  p.tasks[1].q_begin = 3;
+  EXPECT_TRUE(Contains(validated(p), "not a multiple of the block"));
+  p = HandPlan();
+  p.tasks[2].server = 2;
+  EXPECT_TRUE(Contains(validated(p), "server 2, which does not exist"));
+  p = HandPlan();
+  p.documents[0].pieces[1].begin = 5;
+  EXPECT_TRUE(Contains(validated(p), "pieces do not partition"));
+  p = HandPlan();
+  p.documents[1].pieces[0].rank = 0;  // rank 0 now holds 6 tokens, rank 1 holds 2
+  EXPECT_TRUE(Contains(validated(p), "more than one block"));
+
+  // Statistics that do not match the plan.
+  p = HandPlan();
+  ASSERT_TRUE(ComputePlanStats(p, cost, &p.stats).ok());
+  p.stats.load[0] *= 1.01;
+  EXPECT_TRUE(Contains(ValidatePlan(p, cost), "recomputed"));
+  p = HandPlan();
+  ASSERT_TRUE(ComputePlanStats(p, cost, &p.stats).ok());
+  p.stats.traffic.forward_bytes -= 1;
+  EXPECT_TRUE(Contains(ValidatePlan(p, cost), "traffic"));
+}
+
+TEST(JsonTest, RoundTripAndErrors) {
+  PlanOptions o;
+  o.ranks = 3;
+  o.dedicated_servers = 1;
+  Plan p;
+  const CostModel cost = CostModel::Flops(o.model);
+  ASSERT_TRUE(BuildPlan({5000, 300, 12000, 700}, o, cost, &p).ok());
+  Plan q;
+  ASSERT_TRUE(PlanFromJson(PlanToJson(p), &q).ok());
+  ASSERT_TRUE(ComputePlanStats(q, cost, &q.stats).ok());
+  EXPECT_TRUE(ValidatePlan(q, cost).ok());
+  EXPECT_EQ(q.ranks, 3);
+  EXPECT_EQ(q.dedicated_servers, 1);
+  EXPECT_EQ(q.tasks.size(), p.tasks.size());
+  EXPECT_EQ(q.stats.traffic.total_bytes(), p.stats.traffic.total_bytes());
+  EXPECT_EQ(q.policy, PlanPolicy::kDistca);
+
+  EXPECT_TRUE(Contains(PlanFromJson("{", &q), "not valid JSON"));
+  EXPECT_TRUE(Contains(PlanFromJson("[1]", &q), "object"));
+  EXPECT_TRUE(Contains(PlanFromJson(R"({"documents": [], "tasks": []})", &q), "missing \"ranks\""));
+  EXPECT_TRUE(Contains(PlanFromJson(R"({"ranks": 0, "documents": [], "tasks": []})", &q), "outside"));
+  EXPECT_TRUE(Contains(PlanFromJson(R"({"ranks": 1, "documents": {}, "tasks": []})", &q), "must be an array"));
+  EXPECT_TRUE(Contains(PlanFromJson(R"({"ranks": 1, "documents": [{"id": 1, "length": 3, "pieces": []}],
+                                        "tasks": []})",
+                                    &q),
+                       "ids must be 0, 1, 2"));
+  EXPECT_TRUE(
+      Contains(PlanFromJson(R"({"ranks": 1, "documents": [], "tasks": [{"doc": "a"}]})", &q), "must be an integer"));
+  EXPECT_TRUE(
+      Contains(PlanFromJson(R"({"ranks": 1, "policy": "best", "documents": [], "tasks": []})", &q), "unknown policy"));
+}
+
+// A batch whose colocated plan is badly imbalanced: one long document.
+std::vector<int64_t> Skewed() { return {60000, 500, 800, 1200, 300, 2000, 700, 900, 1500, 400, 3000, 640}; }
+
+TEST(PlannerTest, PoliciesOnASkewedBatch) {
+  PlanOptions o;
+  o.ranks = 8;
+  const CostModel cost = CostModel::Flops(o.model);
+  std::map<PlanPolicy, Plan> plans;
+  for (PlanPolicy policy : {PlanPolicy::kColocated, PlanPolicy::kPaper, PlanPolicy::kDistca}) {
+    o.policy = policy;
+    ASSERT_TRUE(BuildPlan(Skewed(), o, cost, &plans[policy]).ok());
+    EXPECT_TRUE(ValidatePlan(plans[policy], cost).ok());
+  }
+  EXPECT_GT(plans[PlanPolicy::kColocated].stats.max_over_mean(), 1.5);
+  EXPECT_LT(plans[PlanPolicy::kPaper].stats.max_over_mean(), plans[PlanPolicy::kColocated].stats.max_over_mean());
+  EXPECT_LE(plans[PlanPolicy::kDistca].stats.max_over_mean(), 1.05 + 1e-9);
+  EXPECT_TRUE(plans[PlanPolicy::kDistca].bound_met);
+}
+
+TEST(PlannerTest, DedicatedServersTakeWork) {
+  PlanOptions o;
+  o.ranks = 4;
+  o.dedicated_servers = 2;
+  const CostModel cost = CostModel::Flops(o.model);
+  Plan p;
+  ASSERT_TRUE(BuildPlan(Skewed(), o, cost, &p).ok());
+  ASSERT_TRUE(ValidatePlan(p, cost).ok());
+  EXPECT_GT(p.stats.load[4], 0.0);
+  EXPECT_GT(p.stats.load[5], 0.0);
+  EXPECT_LE(p.stats.max_over_mean(), 1.05 + 1e-9);
+}
+
+TEST(PlannerTest, CommBudgetRaisesTolerance) {
+  PlanOptions o;
+  o.ranks = 8;
+  const CostModel cost = CostModel::Flops(o.model);
+  Plan tight, colocated;
+  ASSERT_TRUE(BuildPlan(Skewed(), o, cost, &tight).ok());
+  o.policy = PlanPolicy::kColocated;
+  ASSERT_TRUE(BuildPlan(Skewed(), o, cost, &colocated).ok());
+  o.policy = PlanPolicy::kDistca;
+  // A budget between what the layout alone moves and what eps = 0.05 moves.
+  o.comm_budget = (colocated.stats.traffic.max_rank_bytes() + tight.stats.traffic.max_rank_bytes()) / 2;
+  ASSERT_GT(tight.stats.traffic.max_rank_bytes(), o.comm_budget);
+  Plan p;
+  ASSERT_TRUE(BuildPlan(Skewed(), o, cost, &p).ok());
+  EXPECT_TRUE(ValidatePlan(p, cost).ok());
+  EXPECT_GT(p.tolerance_used, 0.05);
+  EXPECT_LE(p.stats.traffic.max_rank_bytes(), o.comm_budget);
+  EXPECT_LE(p.stats.max_over_mean(), 1 + p.tolerance_used + 1e-9);
+  // Steps of 0.05 from the requested tolerance.
+  const double steps = (p.tolerance_used - 0.05) / 0.05;
+  EXPECT_NEAR(steps, std::round(steps), 1e-9);
+
+  if (colocated.stats.traffic.max_rank_bytes() > 1) {
+    o.comm_budget = 1;
+    EXPECT_TRUE(Contains(BuildPlan(Skewed(), o, cost, &p), "below what the linear layout alone moves"));
+  }
+}
+
+TEST(PlannerTest, BadOptions) {
+  const CostModel cost = CostModel::Flops(PlanModel{});
+  Plan p;
+  PlanOptions o;
+  o.ranks = 0;
+  EXPECT_TRUE(Contains(BuildPlan({100}, o, cost, &p), "ranks must be positive"));
+  o.ranks = 2;
+  o.tolerance = -1;
+  EXPECT_TRUE(Contains(BuildPlan({100}, o, cost, &p), "tolerance"));
+  o.tolerance = 0.05;
+  o.block = 0;
+  EXPECT_TRUE(Contains(BuildPlan({100}, o, cost, &p), "block must be positive"));
+  o.block = 128;
+  o.model.kv_heads = 5;
+  EXPECT_TRUE(Contains(BuildPlan({100}, o, cost, &p), "not a multiple of kv_heads"));
+  o.model.kv_heads = 8;
+  EXPECT_TRUE(Contains(BuildPlan({}, o, cost, &p), "no documents"));
+  PlanPolicy policy;
+  EXPECT_TRUE(Contains(ParsePlanPolicy("fastest", &policy), "unknown policy 'fastest'"));
+}
+
+}  // namespace
+}  // namespace distca

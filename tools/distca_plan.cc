@@ -1,0 +1,187 @@
+// distca-plan: plan CA-tasks for batches of documents and report balance,
+// traffic and planning time; optionally write the plan (docs/plan_format.md).
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/cli_checks.h"
+#include "common/file_util.h"
+#include "common/timer.h"
+#include "distca/plan.h"
+#include "distca/workload.h"
+
+namespace {
+
+using distca::Status;
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "distca-plan: %s\n", message.c_str());
+  return 2;
+}
+
+struct Args {
+  std::string docs_file, lengths_file, emit_plan, cost_table, policy = "distca";
+  std::optional<int> batch;
+  int batches = 1;
+  std::optional<int64_t> tokens_per_rank;
+  distca::WorkloadRecipe recipe;
+  distca::PlanOptions plan;
+  bool json = false;
+};
+
+// The batches to plan, from --docs-file or sampled from --lengths.
+Status LoadBatches(const Args& a, std::vector<std::vector<int64_t>>* batches) {
+  std::string text;
+  if (!a.docs_file.empty()) {
+    DISTCA_RETURN_IF_ERROR(distca::ReadTextFile(a.docs_file, &text));
+    DISTCA_RETURN_IF_ERROR(distca::ParseBatchesJson(text, batches).WithContext(a.docs_file));
+    if (a.batch) {
+      if (*a.batch < 0 || *a.batch >= static_cast<int>(batches->size()))
+        return Status::InvalidArgument(
+            fmt::format("--batch {} is out of range: {} holds {} batches", *a.batch, a.docs_file, batches->size()));
+      *batches = {(*batches)[*a.batch]};
+    }
+    return Status::Ok();
+  }
+  std::vector<int64_t> pool;
+  DISTCA_RETURN_IF_ERROR(distca::ReadTextFile(a.lengths_file, &text));
+  DISTCA_RETURN_IF_ERROR(distca::ParseLengthsJson(text, &pool).WithContext(a.lengths_file));
+  distca::WorkloadRecipe recipe = a.recipe;
+  recipe.tokens_per_batch = int64_t{a.plan.ranks} * a.tokens_per_rank.value_or(128 * 1024);
+  return distca::SampleBatches(pool, recipe, a.batches, batches);
+}
+
+Status CheckTokenBudget(const Args& a, const std::vector<int64_t>& batch, size_t index) {
+  int64_t total = 0;
+  for (int64_t len : batch) total += len;
+  const int64_t per_rank = total / a.plan.ranks;
+  if (a.tokens_per_rank && !a.docs_file.empty() && total != *a.tokens_per_rank * a.plan.ranks)
+    return Status::InvalidArgument(fmt::format("batch {} holds {} tokens, not --tokens-per-rank {} x {} ranks", index,
+                                               total, *a.tokens_per_rank, a.plan.ranks));
+  if (per_rank < a.plan.block)
+    return Status::InvalidArgument(
+        fmt::format("batch {}: {} tokens per rank is smaller than a block ({})", index, per_rank, a.plan.block));
+  return Status::Ok();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"distca-plan: plan core-attention tasks for batches of documents"};
+  Args a;
+  auto* input = app.add_option_group("input", "where the documents come from");
+  input->add_option("--docs-file", a.docs_file, "JSON {\"batches\": [[len, ...], ...]}")->check(CLI::ExistingFile);
+  input->add_option("--lengths", a.lengths_file, "JSON array of document lengths to sample batches from")
+      ->check(CLI::ExistingFile);
+  input->require_option(1);
+  app.add_option("--batch", a.batch, "with --docs-file: plan only batch I (Default: all)");
+  app.add_option("--batches", a.batches, "with --lengths: how many batches to sample (Default: 1)")
+      ->check(distca::cli::kPositive);
+  app.add_option("--tokens-per-rank", a.tokens_per_rank,
+                 "tokens per rank (Default: 128K when sampling; the batch total / ranks with --docs-file)")
+      ->check(distca::cli::kPositive);
+  app.add_option("--max-doc-len", a.recipe.max_doc_len, "cap on sampled document lengths (Default: none)")
+      ->check(distca::cli::kNonNegative);
+  app.add_option("--upsample", a.recipe.upsample, "copies of each long document (Default: 1)")
+      ->check(distca::cli::kPositive);
+  app.add_option("--upsample-threshold", a.recipe.upsample_threshold,
+                 "length from which a document is long (Default: 65536)")
+      ->check(distca::cli::kPositive);
+  app.add_option("--filter-ratio", a.recipe.filter_ratio, "fraction of short documents kept (Default: 1)")
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--elongate", a.recipe.elongate, "length multiplier (Default: 1)")->check(distca::cli::kPositive);
+  app.add_option("--seed", a.recipe.seed, "sampling seed (Default: 0)");
+  app.add_option("--ranks", a.plan.ranks, "ranks R")->required()->check(distca::cli::kPositive);
+  app.add_option("--servers", a.plan.dedicated_servers, "dedicated attention servers (Default: 0)")
+      ->check(distca::cli::kNonNegative);
+  app.add_option("--policy", a.policy, "colocated, paper or distca (Default: distca)");
+  app.add_option("--tolerance", a.plan.tolerance, "eps: max load <= (1 + eps) * mean (Default: 0.05)")
+      ->check(distca::cli::kNonNegative);
+  app.add_option("--block", a.plan.block, "task granularity in tokens (Default: 128)")->check(distca::cli::kPositive);
+  app.add_option("--q-heads", a.plan.model.q_heads, "query heads (Default: 32)")->check(distca::cli::kPositive);
+  app.add_option("--kv-heads", a.plan.model.kv_heads, "KV heads (Default: 8)")->check(distca::cli::kPositive);
+  app.add_option("--head-dim", a.plan.model.head_dim, "head dimension (Default: 128)")->check(distca::cli::kPositive);
+  app.add_option("--dtype-bytes", a.plan.model.dtype_bytes, "bytes per element (Default: 2)")
+      ->check(distca::cli::kPositive);
+  app.add_option("--comm-budget", a.plan.comm_budget, "max bytes any rank sends or receives (Default: unlimited)")
+      ->check(distca::cli::kNonNegative);
+  app.add_option("--cost-table", a.cost_table, "CSV q_len,kv_len,seconds: balance measured time instead of FLOPs")
+      ->check(CLI::ExistingFile);
+  app.add_flag("--json", a.json, "one JSON object per batch per line");
+  app.add_option("--emit-plan", a.emit_plan, "write the plan as JSON (needs a single batch)");
+  CLI11_PARSE(app, argc, argv);
+
+  Status s = distca::ParsePlanPolicy(a.policy, &a.plan.policy);
+  if (!s.ok()) return Fail(s.message());
+  if (a.batch && a.docs_file.empty()) return Fail("--batch needs --docs-file");
+  if (a.tokens_per_rank && *a.tokens_per_rank < a.plan.block)
+    return Fail(fmt::format("--tokens-per-rank {} is smaller than a block ({})", *a.tokens_per_rank, a.plan.block));
+  distca::CostModel cost = distca::CostModel::Flops(a.plan.model);
+  if (!a.cost_table.empty()) {
+    std::string csv;
+    s = distca::ReadTextFile(a.cost_table, &csv);
+    if (s.ok()) s = distca::CostModel::FromTableCsv(csv, &cost).WithContext(a.cost_table);
+    if (!s.ok()) return Fail(s.message());
+  }
+  std::vector<std::vector<int64_t>> batches;
+  s = LoadBatches(a, &batches);
+  if (!s.ok()) return Fail(s.message());
+  if (!a.emit_plan.empty() && batches.size() != 1)
+    return Fail(
+        fmt::format("--emit-plan writes one plan but there are {} batches; pick one with --batch", batches.size()));
+
+  if (!a.json) {
+    fmt::print("policy {}, {} ranks + {} dedicated servers, eps {}, block {}, cost in {}\n",
+               distca::PlanPolicyName(a.plan.policy), a.plan.ranks, a.plan.dedicated_servers, a.plan.tolerance,
+               a.plan.block, cost.unit());
+    fmt::print("{:>5} {:>6} {:>10} {:>9} {:>9} {:>12} {:>12} {:>7} {:>9} {:>6} {:>5}\n", "batch", "docs", "tokens",
+               "max/mean", "min/mean", "bytes total", "max rank", "tasks", "plan ms", "eps", "bound");
+  }
+  for (size_t b = 0; b < batches.size(); ++b) {
+    s = CheckTokenBudget(a, batches[b], b);
+    if (!s.ok()) return Fail(s.message());
+    distca::Plan plan;
+    distca::WallTimer timer;
+    s = distca::BuildPlan(batches[b], a.plan, cost, &plan);
+    const double ms = timer.Seconds() * 1e3;
+    if (s.ok()) s = distca::ValidatePlan(plan, cost);
+    if (!s.ok()) return Fail(fmt::format("batch {}: {}", b, s.ToString()));
+    int64_t tokens = 0;
+    for (int64_t len : batches[b]) tokens += len;
+    const distca::PlanStats& st = plan.stats;
+    if (a.json) {
+      const nlohmann::json j = {{"batch", b},
+                                {"policy", distca::PlanPolicyName(plan.policy)},
+                                {"ranks", plan.ranks},
+                                {"servers", plan.dedicated_servers},
+                                {"documents", batches[b].size()},
+                                {"tokens", tokens},
+                                {"tolerance_used", plan.tolerance_used},
+                                {"bound_met", plan.bound_met},
+                                {"load_max_over_mean", st.max_over_mean()},
+                                {"load_min_over_mean", st.min_over_mean()},
+                                {"comm_bytes_total", st.traffic.total_bytes()},
+                                {"comm_bytes_forward", st.traffic.forward_bytes},
+                                {"comm_bytes_backward", st.traffic.backward_bytes},
+                                {"comm_bytes_max_rank", st.traffic.max_rank_bytes()},
+                                {"tasks", st.tasks},
+                                {"plan_ms", ms}};
+      fmt::print("{}\n", j.dump());
+    } else {
+      fmt::print("{:>5} {:>6} {:>10} {:>9.4f} {:>9.4f} {:>10.3f}GB {:>10.3f}GB {:>7} {:>9.3f} {:>6.2f} {:>5}\n", b,
+                 batches[b].size(), tokens, st.max_over_mean(), st.min_over_mean(), st.traffic.total_bytes() * 1e-9,
+                 st.traffic.max_rank_bytes() * 1e-9, st.tasks, ms, plan.tolerance_used,
+                 plan.bound_met ? "met" : "MISS");
+    }
+    if (!a.emit_plan.empty()) {
+      s = distca::WriteTextFile(a.emit_plan, distca::PlanToJson(plan));
+      if (!s.ok()) return Fail(s.message());
+    }
+  }
+  return 0;
+}
