@@ -2,28 +2,27 @@
 //
 // Start from the colocated plan (every rank serves its own pieces). Servers
 // above cap = (1 + eps) * mean are donors; servers below cap are receivers
-// with capacity cap - load. The largest donor first, repeatedly:
-//   1. take its task with the latest q_end (the suffix rows of the longest
-//      context carry the most FLOPs per query row shipped);
-//   2. for each candidate receiver (the servers that already hold or were
-//      already sent part of this document's KV, plus the two with the most
-//      capacity), size the chunk [x, q_end) cut at a block boundary: the
-//      smallest chunk that covers the donor's excess if the receiver can take
-//      it, else the largest chunk the receiver can take;
-//   3. score each candidate by the exact bytes the move adds (query rows the
-//      receiver does not hold, plus the K/V rows of [0, q_end) it neither holds
-//      nor was already sent) per unit of cost moved, and apply the best.
-// Receivers never exceed cap and donors stop at or below it, so when every
-// indivisible unit costs at most eps * mean the bound always holds: while a
-// donor exceeds cap some server is below the mean and can take any unit. When
-// a donor's suffix blocks fit nowhere, prefix chunks (its cheapest rows) are
-// tried before giving up; then Plan::bound_met is false.
+// with room cap - load. Then, repeatedly, apply the best move over all donors:
+// a chunk [a, z) of one of a donor's tasks, cut at block boundaries, sent to a
+// receiver, sized to cover the donor's excess when the receiver has room for
+// it and to fill the receiver otherwise. Moves are scored by the exact bytes
+// they add (query rows the receiver does not hold, plus the K/V rows of
+// [0, z) it neither holds nor was already sent) per unit of cost moved. Each
+// donor's best move sits in a heap and is re-evaluated when it reaches the top
+// (receivers change under it), so no full rescans happen per move.
+//
+// Receivers never exceed cap and donors stop at or below it, so whenever every
+// indivisible unit costs at most eps * mean the bound holds: while a donor
+// exceeds cap some server is below the mean and can take any unit. When the
+// greedy still gets stuck (large units and fragmented room), all units are
+// repacked by first-fit decreasing; only when that fails too is
+// Plan::bound_met false.
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <queue>
-#include <unordered_map>
 
 #include "plan/planner_internal.h"
 
@@ -31,7 +30,7 @@ namespace distca::plan {
 namespace {
 
 // Cut positions allowed inside a task [b, e): b, e and the block multiples
-// between them. Index k in [0, n] maps to a position, increasing with k.
+// between them. Index k in [0, size) maps to a position, increasing with k.
 struct Cuts {
   int64_t b, e, block;
   int64_t first;  // first block multiple > b
@@ -63,8 +62,7 @@ int64_t FirstTrue(const Cuts& c, int64_t lo, int64_t hi, Pred&& pred) {
 // segments between allowed cuts) by first-fit decreasing, the classic
 // bin-packing heuristic. Tried first with each unit offered to its owner rank
 // before the first fit (keeps more rows home), then as plain first-fit
-// decreasing. Units of one document that land on one server are merged back
-// into tasks.
+// decreasing.
 
 // Leftmost server with room >= need, in O(log N): a max segment tree over rooms.
 class FirstFit {
@@ -93,19 +91,17 @@ class FirstFit {
   std::vector<double> tree_;
 };
 
-struct Unit {
-  double cost;
-  int32_t doc;
-  int64_t begin, end;
-  int owner;
-};
-
 // Returns false when some unit fits nowhere.
 bool PackUnits(const CostModel& cost, double cap, bool owner_first, Plan* plan) {
+  struct Unit {
+    double cost;
+    int32_t doc;
+    int64_t begin, end;
+    int owner;
+  };
   std::vector<Unit> units;
   for (size_t d = 0; d < plan->documents.size(); ++d) {
-    const PlanDocument& doc = plan->documents[d];
-    for (const PlanPiece& p : doc.pieces) {
+    for (const PlanPiece& p : plan->documents[d].pieces) {
       for (int64_t a = p.begin; a < p.end;) {
         const int64_t b = std::min(p.end, (a / plan->block + 1) * plan->block);
         units.push_back({cost.TaskCost(a, b), static_cast<int32_t>(d), a, b, p.rank});
@@ -118,7 +114,7 @@ bool PackUnits(const CostModel& cost, double cap, bool owner_first, Plan* plan) 
   std::vector<PlanTask> tasks;
   tasks.reserve(units.size());
   for (const Unit& u : units) {
-    int s = owner_first && bins.Room(u.owner) >= u.cost ? u.owner : bins.Find(u.cost);
+    const int s = owner_first && bins.Room(u.owner) >= u.cost ? u.owner : bins.Find(u.cost);
     if (s < 0) return false;
     bins.Take(s, u.cost);
     tasks.push_back({u.doc, u.begin, u.end, s});
@@ -127,23 +123,24 @@ bool PackUnits(const CostModel& cost, double cap, bool owner_first, Plan* plan) 
   return true;
 }
 
+// ---------------------------------------------------------------------------
+// The greedy.
+
 struct Move {
   bool valid = false;
-  int server = -1;  // receiver
-  int64_t x = 0;    // cut: the receiver gets [x, e) (suffix) or [b, x) (prefix)
-  bool prefix = false;
+  int task = -1;
+  int server = -1;          // receiver
+  int64_t a = 0, z = 0;     // the receiver gets query rows [a, z) of the task
   double donor_drop = 0;    // donor's load decrease
   double receiver_add = 0;  // receiver's load increase
-  int64_t bytes = 0;
-  double score = 0;  // bytes per unit moved
+  int64_t bytes = 0;        // forward + backward bytes the move adds
+  double score = 0;         // bytes per unit of cost moved
 };
 
 class DistcaPlanner {
  public:
-  DistcaPlanner(const CostModel& cost, double eps, Plan* plan)
-      : cost_(cost), plan_(*plan), rates_(ByteRatesFor(plan->model)), servers_(plan->servers()) {
-    (void)eps;
-  }
+  DistcaPlanner(const CostModel& cost, Plan* plan)
+      : cost_(cost), plan_(*plan), rates_(ByteRatesFor(plan->model)), servers_(plan->servers()) {}
 
   Status Run(double eps, std::vector<double>* loads);
 
@@ -156,10 +153,12 @@ class DistcaPlanner {
   double Cost(int64_t a, int64_t b) const { return cost_.TaskCost(a, b); }
   int64_t HeldRows(int doc, int server, int64_t a, int64_t b) const;
   int64_t NewKvRows(int doc, int server, int64_t q_end) const;
-  KvState* FindKv(int doc, int server);
-  Move SizeMove(int task, int receiver, double need, bool prefix) const;
-  bool ShedOne(int donor, double need);
-  void Apply(int task, const Move& m);
+  int64_t FreeKvEnd(int doc, int server) const;
+  std::vector<int> TopReceivers(int count);
+  Move BestMove(int task, int receiver, double need) const;
+  Move DonorBest(int donor);
+  void Apply(const Move& m);
+  void Relocate();
 
   const CostModel& cost_;
   Plan& plan_;
@@ -169,7 +168,7 @@ class DistcaPlanner {
   std::vector<double> load_;
   std::vector<std::vector<int>> server_tasks_;  // tasks per server
   std::vector<std::vector<KvState>> kv_;        // per document: servers with K/V of it
-  // Receivers by remaining capacity (lazy: entries are checked against load_).
+  // Receivers by remaining room (lazy: entries are checked against load_).
   std::priority_queue<std::pair<double, int>> receivers_;
 };
 
@@ -181,12 +180,6 @@ int64_t DistcaPlanner::HeldRows(int doc, int server, int64_t a, int64_t b) const
   return held;
 }
 
-DistcaPlanner::KvState* DistcaPlanner::FindKv(int doc, int server) {
-  for (KvState& k : kv_[doc])
-    if (k.server == server) return &k;
-  return nullptr;
-}
-
 int64_t DistcaPlanner::NewKvRows(int doc, int server, int64_t q_end) const {
   int64_t sent_end = 0;
   for (const KvState& k : kv_[doc])
@@ -195,117 +188,229 @@ int64_t DistcaPlanner::NewKvRows(int doc, int server, int64_t q_end) const {
   return (q_end - sent_end) - HeldRows(doc, server, sent_end, q_end);
 }
 
-// The move of part of `task` to `receiver`: suffix [x, e) by default, or prefix
-// [b, x). Covers `need` when the receiver can take that much, else moves as
-// much as fits. Invalid when not even one block fits.
-Move DistcaPlanner::SizeMove(int task, int receiver, double need, bool prefix) const {
-  const PlanTask& t = plan_.tasks[task];
-  const Cuts cuts(t.q_begin, t.q_end, plan_.block);
-  const double whole = Cost(t.q_begin, t.q_end);
-  const double room = cap_ - load_[receiver];
-  // Moving at cut position x: the donor keeps [b, x) (suffix move) or [x, e).
-  auto kept = [&](int64_t x) { return prefix ? Cost(x, t.q_end) : Cost(t.q_begin, x); };
-  auto moved = [&](int64_t x) { return prefix ? Cost(t.q_begin, x) : Cost(x, t.q_end); };
-  Move m;
-  const int64_t last = cuts.size() - 1;
-  // k = 0 .. last. Suffix: moved shrinks as k grows; prefix: moved grows.
-  int64_t k;
-  if (!prefix) {
-    // Largest k whose move still covers the need, i.e. first k where it no longer does, minus one.
-    const int64_t k_cover = FirstTrue(cuts, 0, last - 1, [&](int64_t x) { return whole - kept(x) < need; }) - 1;
-    const int64_t k_fit = FirstTrue(cuts, 0, last - 1, [&](int64_t x) { return moved(x) <= room; });
-    if (k_fit > last - 1) return m;  // even the last block does not fit
-    k = std::max<int64_t>(std::max<int64_t>(k_cover, 0), k_fit);
-  } else {
-    const int64_t k_cover = FirstTrue(cuts, 1, last, [&](int64_t x) { return whole - kept(x) >= need; });
-    const int64_t k_over = FirstTrue(cuts, 1, last, [&](int64_t x) { return moved(x) > room; });
-    if (k_over == 1) return m;
-    k = std::min(k_cover, k_over - 1);
-    k = std::min(k, last);
+// The end of the prefix [0, x) whose K/V the server already has for free
+// (sent earlier, or held where its piece continues the free prefix).
+int64_t DistcaPlanner::FreeKvEnd(int doc, int server) const {
+  int64_t end = 0;
+  for (const KvState& k : kv_[doc])
+    if (k.server == server) end = k.sent_end;
+  if (server < plan_.ranks) {
+    for (const PlanPiece& p : plan_.documents[doc].pieces)
+      if (p.rank == server && p.begin <= end) end = std::max(end, p.end);
   }
-  m.valid = true;
-  m.server = receiver;
-  m.prefix = prefix;
-  m.x = cuts.at(k);
-  const int64_t a = prefix ? t.q_begin : m.x;
-  const int64_t b = prefix ? m.x : t.q_end;
-  m.donor_drop = whole - kept(m.x);
-  m.receiver_add = moved(m.x);
-  m.bytes = (b - a - HeldRows(t.doc, receiver, a, b)) * rates_.QueryRowRoundTrip() +
-            NewKvRows(t.doc, receiver, b) * rates_.KvRowRoundTrip();
-  m.score = m.receiver_add > 0 ? double(m.bytes) / m.receiver_add : 1e300;
-  return m;
+  return end;
 }
 
-void DistcaPlanner::Apply(int task, const Move& m) {
-  PlanTask t = plan_.tasks[task];
-  const int donor = t.server;
-  PlanTask moved = t;
-  moved.server = m.server;
-  if (m.prefix) {
-    moved.q_end = m.x;
-    plan_.tasks[task].q_begin = m.x;
-  } else {
-    moved.q_begin = m.x;
-    plan_.tasks[task].q_end = m.x;
-  }
-  plan_.tasks.push_back(moved);
-  server_tasks_[m.server].push_back(static_cast<int>(plan_.tasks.size()) - 1);
-  load_[donor] -= m.donor_drop;
-  load_[m.server] += m.receiver_add;
-  KvState* kv = FindKv(t.doc, m.server);
-  if (kv == nullptr) {
-    kv_[t.doc].push_back({m.server, 0});
-    kv = &kv_[t.doc].back();
-  }
-  kv->sent_end = std::max(kv->sent_end, moved.q_end);
-  if (cap_ - load_[m.server] > 0) receivers_.push({cap_ - load_[m.server], m.server});
-}
-
-// Moves one chunk off `donor`; false when nothing it holds fits anywhere.
-bool DistcaPlanner::ShedOne(int donor, double need) {
-  // Candidate receivers with room: top two by capacity (dropping stale heap entries).
+// The `count` receivers with the most room, dropping stale heap entries.
+std::vector<int> DistcaPlanner::TopReceivers(int count) {
   std::vector<int> top;
   std::vector<std::pair<double, int>> kept;
-  while (!receivers_.empty() && top.size() < 2) {
-    auto [room, s] = receivers_.top();
+  while (!receivers_.empty() && static_cast<int>(top.size()) < count) {
+    const auto [room, s] = receivers_.top();
     receivers_.pop();
-    const double now = cap_ - load_[s];
-    if (now <= 0 || now != room || s == donor) continue;  // stale or full
+    if (cap_ - load_[s] <= 0 || cap_ - load_[s] != room) continue;  // stale or full
     top.push_back(s);
     kept.push_back({room, s});
   }
-  for (auto& e : kept) receivers_.push(e);
+  for (const auto& e : kept) receivers_.push(e);
+  return top;
+}
 
-  // The donor's tasks, latest q_end first.
+// The cheapest move, in bytes per unit of cost, of a chunk [a, z) of `task`
+// to `receiver`: it covers `need` when the receiver has room for that, else it
+// fills the receiver's room. A chunk ending at z costs about F * Q / z query
+// bytes plus z * KV bytes of prefix (for work F in causal pairs), which is
+// smallest near z* = sqrt(F * Q / KV): for a long document the best chunk is
+// often not its suffix. Candidates for z: the task's end, around z*, where the
+// receiver's free K/V ends, the end of the shortest prefix of the task that
+// covers the target, and the task's first cut (its cheapest rows).
+// Invalid when not even one block fits in the receiver's room.
+Move DistcaPlanner::BestMove(int task, int receiver, double need) const {
+  const PlanTask& t = plan_.tasks[task];
+  const Cuts cuts(t.q_begin, t.q_end, plan_.block);
+  const int64_t last = cuts.size() - 1;
+  const double room = cap_ - load_[receiver];
+  const double target = std::min(need, room);
+  const double whole = Cost(t.q_begin, t.q_end);
+  const double pairs_per_unit = whole > 0 ? double(CausalPairs(t.q_begin, t.q_end)) / whole : 0.0;
+  const double q_bytes = double(rates_.QueryRowRoundTrip());
+  const double kv_bytes = double(rates_.KvRowRoundTrip());
+
+  // Cut index at or below position x, clamped to [1, last].
+  auto index_of = [&](double x) {
+    if (x <= double(cuts.first)) return int64_t{1};
+    return std::clamp<int64_t>(int64_t((x - double(cuts.first)) / double(cuts.block)) + 1, 1, last);
+  };
+  const int64_t k_star = index_of(std::sqrt(std::max(0.0, target * pairs_per_unit) * q_bytes / kv_bytes));
+  const int64_t k_free = index_of(double(FreeKvEnd(t.doc, receiver)));
+  // The prefix chunk [b, z) that just covers the target: the shortest K/V
+  // prefix that moves enough work out of this task.
+  const int64_t k_prefix =
+      FirstTrue(cuts, 1, last, [&](int64_t z) { return whole - Cost(z, t.q_end) >= std::min(target, whole); });
+  const int64_t candidates[] = {last, k_star, k_star + 1, k_free, k_free + 1, k_prefix, 1};
+
+  Move best;
+  for (int64_t kz : candidates) {
+    kz = std::clamp<int64_t>(kz, 1, last);
+    const int64_t z = cuts.at(kz);
+    // a: the smallest chunk [a, z) that covers the target, or [b, z) when even
+    // that does not; then shrunk until it fits the receiver's room.
+    int64_t ka = std::max<int64_t>(0, FirstTrue(cuts, 0, kz - 1, [&](int64_t x) { return Cost(x, z) < target; }) - 1);
+    if (Cost(cuts.at(ka), z) > room) ka = FirstTrue(cuts, ka, kz - 1, [&](int64_t x) { return Cost(x, z) <= room; });
+    if (ka >= kz) continue;  // not one block fits
+    Move m;
+    m.valid = true;
+    m.task = task;
+    m.server = receiver;
+    m.a = cuts.at(ka);
+    m.z = z;
+    m.receiver_add = Cost(m.a, m.z);
+    m.donor_drop = whole - Cost(t.q_begin, m.a) - Cost(m.z, t.q_end);
+    m.bytes = (m.z - m.a - HeldRows(t.doc, receiver, m.a, m.z)) * rates_.QueryRowRoundTrip() +
+              NewKvRows(t.doc, receiver, m.z) * rates_.KvRowRoundTrip();
+    m.score = m.receiver_add > 0 ? double(m.bytes) / m.receiver_add : 1e300;
+    if (!best.valid || m.score < best.score) best = m;
+  }
+  return best;
+}
+
+// The donor's best move now: over its tasks with the latest q_end (long
+// contexts offer the most work per query row; further tasks are tried only
+// when none of those fits anywhere) and, per task, the two receivers with the
+// most room plus every server that already has K/V of the task's document.
+Move DistcaPlanner::DonorBest(int donor) {
+  const double need = load_[donor] - cap_;
+  const std::vector<int> top = TopReceivers(2);
   std::vector<int>& mine = server_tasks_[donor];
   mine.erase(
       std::remove_if(mine.begin(), mine.end(), [&](int i) { return plan_.tasks[i].q_begin >= plan_.tasks[i].q_end; }),
       mine.end());
   std::sort(mine.begin(), mine.end(), [&](int a, int b) { return plan_.tasks[a].q_end > plan_.tasks[b].q_end; });
-  for (bool prefix : {false, true}) {
-    for (int task : mine) {
-      const PlanTask& t = plan_.tasks[task];
-      std::vector<int> candidates = top;
-      for (const KvState& k : kv_[t.doc])
-        if (k.server != donor && cap_ - load_[k.server] > 0) candidates.push_back(k.server);
-      Move best;
-      for (int r : candidates) {
-        const Move m = SizeMove(task, r, need, prefix);
-        if (!m.valid) continue;
-        // Among moves within 10% of the best bytes per unit, take the larger
-        // one: fewer, longer tasks.
-        if (!best.valid || m.score < 0.9 * best.score ||
-            (m.score <= best.score * 1.1 && m.receiver_add > best.receiver_add))
-          best = m;
-      }
-      if (best.valid) {
-        Apply(task, best);
-        return true;
-      }
+  constexpr size_t kScored = 3;
+  Move best;
+  for (size_t n = 0; n < mine.size() && (n < kScored || !best.valid); ++n) {
+    const PlanTask& t = plan_.tasks[mine[n]];
+    std::vector<int> candidates = top;
+    for (const KvState& k : kv_[t.doc])
+      if (k.server != donor && cap_ - load_[k.server] > 0) candidates.push_back(k.server);
+    for (int r : candidates) {
+      if (r == donor) continue;
+      const Move m = BestMove(mine[n], r, need);
+      if (!m.valid) continue;
+      // Among moves within 2% of the best bytes per unit, take the larger
+      // one: fewer, longer tasks.
+      if (!best.valid || m.score < 0.98 * best.score ||
+          (m.score <= best.score * 1.02 && m.receiver_add > best.receiver_add))
+        best = m;
     }
   }
-  return false;
+  return best;
+}
+
+void DistcaPlanner::Apply(const Move& m) {
+  const PlanTask t = plan_.tasks[m.task];
+  const int donor = t.server;
+  // The donor keeps [b, a) and [z, e); the receiver gets [a, z).
+  plan_.tasks[m.task].q_end = m.a;
+  if (m.z < t.q_end) {
+    plan_.tasks.push_back({t.doc, m.z, t.q_end, donor});
+    server_tasks_[donor].push_back(static_cast<int>(plan_.tasks.size()) - 1);
+  }
+  plan_.tasks.push_back({t.doc, m.a, m.z, m.server});
+  server_tasks_[m.server].push_back(static_cast<int>(plan_.tasks.size()) - 1);
+  load_[donor] -= m.donor_drop;
+  load_[m.server] += m.receiver_add;
+  auto kv = std::find_if(kv_[t.doc].begin(), kv_[t.doc].end(), [&](const KvState& k) { return k.server == m.server; });
+  if (kv == kv_[t.doc].end()) {
+    kv_[t.doc].push_back({m.server, 0});
+    kv = kv_[t.doc].end() - 1;
+  }
+  kv->sent_end = std::max(kv->sent_end, m.z);
+  if (cap_ - load_[m.server] > 0) receivers_.push({cap_ - load_[m.server], m.server});
+}
+
+// Local improvement: move whole chunks that sit away from home to another
+// server with room when that lowers the exact bytes (a chunk's query rows cost
+// nothing on a server that holds them; its K/V prefix costs nothing where the
+// server already needs the document's K/V that far). Loads stay within cap,
+// so the bound is kept. A few passes, each over every chunk.
+void DistcaPlanner::Relocate() {
+  const int64_t q_bytes = rates_.QueryRowRoundTrip();
+  const int64_t kv_bytes = rates_.KvRowRoundTrip();
+  // The q_end of every task of (document, server): its K/V need is [0, max).
+  std::vector<std::vector<std::pair<int, std::vector<int64_t>>>> ends(plan_.documents.size());
+  auto ends_of = [&](int doc, int server) -> std::vector<int64_t>& {
+    for (auto& [s, v] : ends[doc])
+      if (s == server) return v;
+    ends[doc].push_back({server, {}});
+    return ends[doc].back().second;
+  };
+  for (const PlanTask& t : plan_.tasks)
+    if (t.q_begin < t.q_end) ends_of(t.doc, t.server).push_back(t.q_end);
+  static const std::vector<int64_t> kNone;
+  auto find_ends = [&](int doc, int server) -> const std::vector<int64_t>& {
+    for (const auto& [s, v] : ends[doc])
+      if (s == server) return v;
+    return kNone;
+  };
+  auto max_of = [](const std::vector<int64_t>& v, int64_t skip) {
+    int64_t m = 0;
+    bool skipped = false;
+    for (int64_t x : v) {
+      if (x == skip && !skipped) {
+        skipped = true;
+        continue;
+      }
+      m = std::max(m, x);
+    }
+    return m;
+  };
+  // Bytes of (doc, server)'s K/V need when its largest q_end is `kv_end`.
+  auto kv_cost = [&](int doc, int server, int64_t kv_end) {
+    return (kv_end - HeldRows(doc, server, 0, kv_end)) * kv_bytes;
+  };
+  for (int pass = 0; pass < 3; ++pass) {
+    bool improved = false;
+    for (size_t i = 0; i < plan_.tasks.size(); ++i) {
+      const PlanTask t = plan_.tasks[i];
+      if (t.q_begin >= t.q_end) continue;
+      const int64_t rows = t.q_end - t.q_begin;
+      if (HeldRows(t.doc, t.server, t.q_begin, t.q_end) == rows) continue;  // at home
+      const double w = Cost(t.q_begin, t.q_end);
+      // Bytes the chunk costs where it is: its foreign query rows plus the K/V
+      // that only it makes this server need.
+      const int64_t without = max_of(find_ends(t.doc, t.server), t.q_end);
+      const int64_t stay = (rows - HeldRows(t.doc, t.server, t.q_begin, t.q_end)) * q_bytes +
+                           kv_cost(t.doc, t.server, std::max(without, t.q_end)) - kv_cost(t.doc, t.server, without);
+      std::vector<int> candidates = TopReceivers(3);
+      for (const auto& [s, v] : ends[t.doc]) candidates.push_back(s);
+      for (const PlanPiece& p : plan_.documents[t.doc].pieces)
+        if (p.begin < t.q_end && t.q_begin < p.end) candidates.push_back(p.rank);
+      int best = -1;
+      int64_t best_cost = stay;
+      for (int r : candidates) {
+        if (r == t.server || load_[r] + w > cap_) continue;
+        const int64_t there_max = max_of(find_ends(t.doc, r), -1);
+        const int64_t go = (rows - HeldRows(t.doc, r, t.q_begin, t.q_end)) * q_bytes +
+                           kv_cost(t.doc, r, std::max(there_max, t.q_end)) - kv_cost(t.doc, r, there_max);
+        if (go < best_cost) {
+          best_cost = go;
+          best = r;
+        }
+      }
+      if (best < 0) continue;
+      // Move it.
+      ends_of(t.doc, best).push_back(t.q_end);
+      std::vector<int64_t>& here = ends_of(t.doc, t.server);
+      here.erase(std::find(here.begin(), here.end(), t.q_end));
+      load_[t.server] -= w;
+      load_[best] += w;
+      if (cap_ - load_[t.server] > 0) receivers_.push({cap_ - load_[t.server], t.server});
+      plan_.tasks[i].server = best;
+      improved = true;
+    }
+    if (!improved) break;
+  }
 }
 
 Status DistcaPlanner::Run(double eps, std::vector<double>* loads) {
@@ -327,21 +432,37 @@ Status DistcaPlanner::Run(double eps, std::vector<double>* loads) {
   for (int s = 0; s < servers_; ++s)
     if (load_[s] < cap_) receivers_.push({cap_ - load_[s], s});
 
-  std::priority_queue<std::pair<double, int>> donors;
-  for (int s = 0; s < servers_; ++s)
-    if (load_[s] > cap_) donors.push({load_[s] - cap_, s});
+  // Lazy greedy: pop the donor whose cached best move is cheapest, recompute
+  // that move, and apply it if it is still no worse than the next cached one.
+  using Entry = std::pair<double, int>;  // (score, donor), smallest first
+  std::priority_queue<Entry, std::vector<Entry>, std::greater<>> moves;
   plan_.bound_met = true;
-  while (!donors.empty()) {
-    const int s = donors.top().second;
-    donors.pop();
-    while (load_[s] > cap_) {
-      if (!ShedOne(s, load_[s] - cap_)) {
-        plan_.bound_met = false;
-        break;
-      }
+  for (int s = 0; s < servers_; ++s) {
+    if (load_[s] <= cap_) continue;
+    const Move m = DonorBest(s);
+    if (m.valid)
+      moves.push({m.score, s});
+    else
+      plan_.bound_met = false;
+  }
+  while (!moves.empty()) {
+    const int donor = moves.top().second;
+    moves.pop();
+    if (load_[donor] <= cap_) continue;
+    const Move m = DonorBest(donor);
+    if (!m.valid) {
+      plan_.bound_met = false;
+      continue;
     }
+    if (!moves.empty() && m.score > moves.top().first) {
+      moves.push({m.score, donor});  // others may be cheaper now
+      continue;
+    }
+    Apply(m);
+    if (load_[donor] > cap_) moves.push({m.score, donor});
   }
 
+  if (plan_.bound_met) Relocate();
   if (!plan_.bound_met) {
     // A relative slack of 1e-10 absorbs the rounding of summing costs in a
     // different order; bound_met allows 1e-9.
@@ -371,8 +492,8 @@ Status DistcaPlanner::Run(double eps, std::vector<double>* loads) {
       merged.push_back(t);
   }
   tasks = std::move(merged);
-  // Loads of the final tasks (a fallback packing replaced the greedy's, and
-  // merged measured costs are not sums of their parts).
+  // Loads of the final tasks (a fallback packing may have replaced the
+  // greedy's, and merged measured costs are not sums of their parts).
   load_.assign(servers_, 0.0);
   for (const PlanTask& t : tasks) load_[t.server] += Cost(t.q_begin, t.q_end);
   *loads = load_;
@@ -382,7 +503,7 @@ Status DistcaPlanner::Run(double eps, std::vector<double>* loads) {
 }  // namespace
 
 Status PlanDistca(const CostModel& cost, double eps, Plan* plan, std::vector<double>* loads) {
-  DistcaPlanner planner(cost, eps, plan);
+  DistcaPlanner planner(cost, plan);
   return planner.Run(eps, loads);
 }
 
