@@ -9,6 +9,7 @@
 #include <random>
 
 #include "bench/gemm_rate.h"
+#include "common/file_util.h"
 #include "common/timer.h"
 
 namespace distca::bench {
@@ -164,7 +165,63 @@ struct Record {
 
 }  // namespace
 
+bool WriteAttentionCostTable(const AttentionBenchOptions& o, std::string* error) {
+  const AttentionKernel kernel = ResolveAttentionKernel(o.kernel);
+  const std::vector<int64_t> q_lens = o.short_mode ? std::vector<int64_t>{128, 512}
+                                                   : std::vector<int64_t>{128, 256, 512, 1024, 2048, 4096};
+  const std::vector<int64_t> kv_lens = o.short_mode ? std::vector<int64_t>{512, 2048}
+                                                    : std::vector<int64_t>{128, 512, 2048, 8192, 32768};
+  const double min_seconds = o.min_seconds > 0 ? o.min_seconds : (o.short_mode ? 0.02 : 0.2);
+  std::string csv = fmt::format("# distca-bench attention --table-out: seconds per task, forward + backward, "
+                                "kernel {}, {} q heads, {} kv heads, head_dim 128, 1 thread\nq_len,kv_len,seconds\n",
+                                AttentionKernelName(kernel), o.q_heads, o.kv_heads);
+  for (int64_t q : q_lens) {
+    for (int64_t kv : kv_lens) {
+      if (kv < q) continue;
+      // Enough identical tasks (sharing one K/V prefix) for a measurable call.
+      Workload w;
+      w.shape = {.total_q = 0, .total_k = kv, .q_heads = o.q_heads, .kv_heads = o.kv_heads, .head_dim = 128};
+      const int64_t tasks = std::max<int64_t>(1, (int64_t{1} << 22) / AttentionPairs(std::vector<AttentionTask>{{0, q, 0, kv}}, true));
+      for (int64_t t = 0; t < tasks; ++t) w.tasks.push_back({t * q, q, 0, kv});
+      w.shape.total_q = tasks * q;
+      std::mt19937_64 rng(1);
+      std::normal_distribution<float> dist(0.0f, 1.0f);
+      const int64_t qn = w.shape.total_q * o.q_heads * 128, kn = kv * o.kv_heads * 128;
+      for (auto [v, n] : {std::pair{&w.q, qn}, {&w.dout, qn}, {&w.k, kn}, {&w.v, kn}}) {
+        v->resize(n);
+        for (float& x : *v) x = dist(rng);
+      }
+      w.out.assign(qn, 0.0f);
+      w.dq.assign(qn, 0.0f);
+      w.lse.assign(w.shape.total_q * o.q_heads, 0.0f);
+      w.dk.assign(kn, 0.0f);
+      w.dv.assign(kn, 0.0f);
+      const AttentionExec exec{kernel, 1};
+      Status status;
+      const double secs = BestSeconds(
+          [&] {
+            status = Forward(w, exec);
+            if (status.ok()) status = Backward(w, exec);
+          },
+          min_seconds);
+      if (!status.ok()) {
+        *error = status.ToString();
+        return false;
+      }
+      csv += fmt::format("{},{},{:.9g}\n", q, kv, secs / double(tasks));
+    }
+  }
+  const Status s = WriteTextFile(o.table_out, csv);
+  if (!s.ok()) {
+    *error = s.ToString();
+    return false;
+  }
+  fmt::print("wrote {} ({} heads x {}, kernel {})\n", o.table_out, o.q_heads, o.kv_heads, AttentionKernelName(kernel));
+  return true;
+}
+
 bool RunAttentionBench(const AttentionBenchOptions& o, std::string* error) {
+  if (!o.table_out.empty()) return WriteAttentionCostTable(o, error);
   const AttentionKernel kernel = ResolveAttentionKernel(o.kernel);
   const double min_seconds = o.min_seconds > 0 ? o.min_seconds : (o.short_mode ? 0.3 : 1.0);
   const int64_t target_pairs = o.short_mode ? (int64_t{4} << 20) : (int64_t{32} << 20);

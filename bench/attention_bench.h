@@ -15,10 +15,19 @@ struct AttentionBenchOptions {
   std::vector<int> threads = {1, 2};                // Default: 1 and 2 threads
   AttentionKernel kernel = AttentionKernel::kAuto;  // Default: the fastest on this CPU
   double min_seconds = 0.0;                         // per measurement; Default: 0 = by mode
+  // When set, measure per-task forward + backward seconds over a grid of
+  // (q_len, kv_len) and write the planner's cost table (CSV q_len,kv_len,seconds)
+  // here instead of running the throughput benchmark. One thread; heads below.
+  std::string table_out;
+  int q_heads = 8;   // Default: 8 (table mode)
+  int kv_heads = 2;  // Default: 2 (table mode)
 };
 
 // Runs the benchmark and prints its results to stdout. Returns false, with a
 // message in *error, when the kernel fails validation against the reference.
 bool RunAttentionBench(const AttentionBenchOptions& options, std::string* error);
+
+// The table mode of RunAttentionBench.
+bool WriteAttentionCostTable(const AttentionBenchOptions& options, std::string* error);
 
 }  // namespace distca::bench

@@ -24,6 +24,12 @@ int main(int argc, char** argv) {
       ->delimiter(',');
   attention->add_option("--kernel", kernel, "auto, scalar, avx2 or avx512 (Default: auto)")
       ->check(CLI::IsMember({"auto", "scalar", "avx2", "avx512"}));
+  attention->add_option("--table-out", attn.table_out,
+                        "write the planner's cost table (CSV q_len,kv_len,seconds) instead of benchmarking");
+  attention->add_option("--q-heads", attn.q_heads, "query heads in --table-out mode (Default: 8)")
+      ->check(distca::cli::kPositive);
+  attention->add_option("--kv-heads", attn.kv_heads, "KV heads in --table-out mode (Default: 2)")
+      ->check(distca::cli::kPositive);
   attention->add_option("--min-seconds", attn.min_seconds, "minimum time per measurement (Default: by mode)")
       ->check(distca::cli::kNonNegative);
 
