@@ -33,6 +33,23 @@ struct Workload {
   std::vector<float> q, k, v, dout, out, lse, dq, dk, dv;
 };
 
+// Random Q, K, V, dO and zeroed outputs for w.shape.
+void AllocateTensors(Workload* w, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  const int64_t qn = w->shape.total_q * w->shape.q_heads * w->shape.head_dim;
+  const int64_t kn = w->shape.total_k * w->shape.kv_heads * w->shape.head_dim;
+  for (auto [v, n] : {std::pair{&w->q, qn}, {&w->dout, qn}, {&w->k, kn}, {&w->v, kn}}) {
+    v->resize(n);
+    for (float& x : *v) x = dist(rng);
+  }
+  w->out.assign(qn, 0.0f);
+  w->dq.assign(qn, 0.0f);
+  w->lse.assign(w->shape.total_q * w->shape.q_heads, 0.0f);
+  w->dk.assign(kn, 0.0f);
+  w->dv.assign(kn, 0.0f);
+}
+
 Workload MakeWorkload(const Case& c, int64_t target_pairs, uint64_t seed) {
   Workload w;
   w.shape.q_heads = c.q_heads;
@@ -57,22 +74,7 @@ Workload MakeWorkload(const Case& c, int64_t target_pairs, uint64_t seed) {
   for (const AttentionTask& t : w.tasks) max_kv = std::max(max_kv, t.kv_len);
   w.shape.total_q = int64_t(w.tasks.size()) * (c.shards ? c.shard_len : c.context_len);
   w.shape.total_k = max_kv;
-  const int64_t qn = w.shape.total_q * c.q_heads * c.head_dim;
-  const int64_t kn = w.shape.total_k * c.kv_heads * c.head_dim;
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  auto fill = [&](std::vector<float>& x, int64_t n) {
-    x.resize(n);
-    for (float& e : x) e = dist(rng);
-  };
-  fill(w.q, qn);
-  fill(w.k, kn);
-  fill(w.v, kn);
-  fill(w.dout, qn);
-  w.out.assign(qn, 0.0f);
-  w.dq.assign(qn, 0.0f);
-  w.lse.assign(w.shape.total_q * c.q_heads, 0.0f);
-  w.dk.assign(kn, 0.0f);
-  w.dv.assign(kn, 0.0f);
+  AllocateTensors(&w, rng());
   return w;
 }
 
@@ -184,18 +186,7 @@ bool WriteAttentionCostTable(const AttentionBenchOptions& o, std::string* error)
       const int64_t tasks = std::max<int64_t>(1, (int64_t{1} << 22) / AttentionPairs(std::vector<AttentionTask>{{0, q, 0, kv}}, true));
       for (int64_t t = 0; t < tasks; ++t) w.tasks.push_back({t * q, q, 0, kv});
       w.shape.total_q = tasks * q;
-      std::mt19937_64 rng(1);
-      std::normal_distribution<float> dist(0.0f, 1.0f);
-      const int64_t qn = w.shape.total_q * o.q_heads * 128, kn = kv * o.kv_heads * 128;
-      for (auto [v, n] : {std::pair{&w.q, qn}, {&w.dout, qn}, {&w.k, kn}, {&w.v, kn}}) {
-        v->resize(n);
-        for (float& x : *v) x = dist(rng);
-      }
-      w.out.assign(qn, 0.0f);
-      w.dq.assign(qn, 0.0f);
-      w.lse.assign(w.shape.total_q * o.q_heads, 0.0f);
-      w.dk.assign(kn, 0.0f);
-      w.dv.assign(kn, 0.0f);
+      AllocateTensors(&w, 1);
       const AttentionExec exec{kernel, 1};
       Status status;
       const double secs = BestSeconds(
