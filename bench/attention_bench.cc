@@ -169,21 +169,23 @@ struct Record {
 
 bool WriteAttentionCostTable(const AttentionBenchOptions& o, std::string* error) {
   const AttentionKernel kernel = ResolveAttentionKernel(o.kernel);
-  const std::vector<int64_t> q_lens = o.short_mode ? std::vector<int64_t>{128, 512}
-                                                   : std::vector<int64_t>{128, 256, 512, 1024, 2048, 4096};
-  const std::vector<int64_t> kv_lens = o.short_mode ? std::vector<int64_t>{512, 2048}
-                                                    : std::vector<int64_t>{128, 512, 2048, 8192, 32768};
+  const std::vector<int64_t> q_lens =
+      o.short_mode ? std::vector<int64_t>{128, 512} : std::vector<int64_t>{128, 256, 512, 1024, 2048, 4096};
+  const std::vector<int64_t> kv_lens =
+      o.short_mode ? std::vector<int64_t>{512, 2048} : std::vector<int64_t>{128, 512, 2048, 8192, 32768};
   const double min_seconds = o.min_seconds > 0 ? o.min_seconds : (o.short_mode ? 0.02 : 0.2);
-  std::string csv = fmt::format("# distca-bench attention --table-out: seconds per task, forward + backward, "
-                                "kernel {}, {} q heads, {} kv heads, head_dim 128, 1 thread\nq_len,kv_len,seconds\n",
-                                AttentionKernelName(kernel), o.q_heads, o.kv_heads);
+  std::string csv = fmt::format(
+      "# distca-bench attention --table-out: seconds per task, forward + backward, "
+      "kernel {}, {} q heads, {} kv heads, head_dim 128, 1 thread\nq_len,kv_len,seconds\n",
+      AttentionKernelName(kernel), o.q_heads, o.kv_heads);
   for (int64_t q : q_lens) {
     for (int64_t kv : kv_lens) {
       if (kv < q) continue;
       // Enough identical tasks (sharing one K/V prefix) for a measurable call.
       Workload w;
       w.shape = {.total_q = 0, .total_k = kv, .q_heads = o.q_heads, .kv_heads = o.kv_heads, .head_dim = 128};
-      const int64_t tasks = std::max<int64_t>(1, (int64_t{1} << 22) / AttentionPairs(std::vector<AttentionTask>{{0, q, 0, kv}}, true));
+      const int64_t tasks =
+          std::max<int64_t>(1, (int64_t{1} << 22) / AttentionPairs(std::vector<AttentionTask>{{0, q, 0, kv}}, true));
       for (int64_t t = 0; t < tasks; ++t) w.tasks.push_back({t * q, q, 0, kv});
       w.shape.total_q = tasks * q;
       AllocateTensors(&w, 1);

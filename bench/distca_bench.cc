@@ -7,8 +7,8 @@
 #include <string>
 
 #include "bench/attention_bench.h"
-#include "common/cli_checks.h"
 #include "bench/plan_bench.h"
+#include "common/cli_checks.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"distca benchmarks"};

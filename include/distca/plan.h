@@ -55,6 +55,10 @@ class CostModel {
   double TableSeconds(double q_len, double kv_len) const;
 };
 
+// Longest document the planner accepts: its causal pair count, ~L^2 / 2, must
+// fit in int64.
+inline constexpr int64_t kMaxDocumentLength = int64_t{1} << 31;
+
 // Causal (query, key) pairs of query rows [q_begin, q_end) with KV [0, q_end):
 // q * q_end - q * (q - 1) / 2 for q = q_end - q_begin.
 int64_t CausalPairs(int64_t q_begin, int64_t q_end);

@@ -8,6 +8,8 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "distca/plan.h"
+
 namespace distca {
 namespace {
 
@@ -19,8 +21,10 @@ Status ParseLengthArray(const nlohmann::json& arr, const std::string& where, std
     const nlohmann::json& v = arr[i];
     if (!v.is_number_integer())
       return Status::InvalidArgument(fmt::format("{}[{}] is not an integer length", where, i));
-    if (v.is_number_unsigned() ? v.get<uint64_t>() > uint64_t{1} << 40 : v.get<int64_t>() > int64_t{1} << 40)
-      return Status::InvalidArgument(fmt::format("{}[{}] is an unreasonably large length", where, i));
+    if (v.is_number_unsigned() ? v.get<uint64_t>() > uint64_t{kMaxDocumentLength}
+                               : v.get<int64_t>() > kMaxDocumentLength)
+      return Status::InvalidArgument(
+          fmt::format("{}[{}] = {} is longer than the supported {} tokens", where, i, v.dump(), kMaxDocumentLength));
     const int64_t len = v.get<int64_t>();
     if (len <= 0) return Status::InvalidArgument(fmt::format("{}[{}] = {}: lengths must be positive", where, i, len));
     out->push_back(len);
@@ -69,7 +73,7 @@ Status SampleBatches(const std::vector<int64_t>& pool, const WorkloadRecipe& r, 
   for (int64_t len : pool) {
     if (len <= 0) return Status::InvalidArgument(fmt::format("pool holds a non-positive length {}", len));
     const int copies = len >= r.upsample_threshold ? r.upsample : (keep(rng) ? 1 : 0);
-    int64_t scaled = std::max<int64_t>(1, std::llround(double(len) * r.elongate));
+    int64_t scaled = std::max<int64_t>(1, std::llround(std::min(double(len) * r.elongate, double(kMaxDocumentLength))));
     if (r.max_doc_len > 0) scaled = std::min(scaled, r.max_doc_len);
     for (int c = 0; c < copies; ++c) docs.push_back(scaled);
   }

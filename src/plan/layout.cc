@@ -17,6 +17,9 @@ Status LinearLayout(const std::vector<int64_t>& doc_lengths, int ranks, std::vec
     if (doc_lengths[i] <= 0)
       return Status::InvalidArgument(
           fmt::format("document {} has length {}; lengths must be positive", i, doc_lengths[i]));
+    if (doc_lengths[i] > kMaxDocumentLength)
+      return Status::OutOfRange(
+          fmt::format("document {} has length {}, more than the supported {}", i, doc_lengths[i], kMaxDocumentLength));
     if (doc_lengths[i] > std::numeric_limits<int64_t>::max() / 4 - total)
       return Status::OutOfRange("the batch's total token count overflows");
     total += doc_lengths[i];

@@ -70,9 +70,9 @@ Status PlanFromJson(std::string_view text, Plan* plan) {
   if (j.is_discarded()) return Status::InvalidArgument("plan file is not valid JSON");
   if (!j.is_object()) return Status::InvalidArgument("plan file must hold a JSON object");
   Plan p;
-  DISTCA_RETURN_IF_ERROR(ReadInt(j, "ranks", "plan", &p.ranks, 1));
+  DISTCA_RETURN_IF_ERROR(ReadInt(j, "ranks", "plan", &p.ranks, 1, 1 << 24));
   if (j.contains("dedicated_servers"))
-    DISTCA_RETURN_IF_ERROR(ReadInt(j, "dedicated_servers", "plan", &p.dedicated_servers, 0));
+    DISTCA_RETURN_IF_ERROR(ReadInt(j, "dedicated_servers", "plan", &p.dedicated_servers, 0, 1 << 24));
   if (j.contains("block")) DISTCA_RETURN_IF_ERROR(ReadInt(j, "block", "plan", &p.block, 1));
   if (j.contains("policy")) {
     if (!j["policy"].is_string()) return Status::InvalidArgument("plan: \"policy\" must be a string");
@@ -89,10 +89,11 @@ Status PlanFromJson(std::string_view text, Plan* plan) {
   if (j.contains("model")) {
     const nlohmann::json& m = j["model"];
     if (!m.is_object()) return Status::InvalidArgument("plan: \"model\" must be an object");
-    DISTCA_RETURN_IF_ERROR(ReadInt(m, "q_heads", "plan.model", &p.model.q_heads, 1));
-    DISTCA_RETURN_IF_ERROR(ReadInt(m, "kv_heads", "plan.model", &p.model.kv_heads, 1));
-    DISTCA_RETURN_IF_ERROR(ReadInt(m, "head_dim", "plan.model", &p.model.head_dim, 1));
-    DISTCA_RETURN_IF_ERROR(ReadInt(m, "dtype_bytes", "plan.model", &p.model.dtype_bytes, 1));
+    // Bounded so that byte counts cannot overflow.
+    DISTCA_RETURN_IF_ERROR(ReadInt(m, "q_heads", "plan.model", &p.model.q_heads, 1, 1 << 12));
+    DISTCA_RETURN_IF_ERROR(ReadInt(m, "kv_heads", "plan.model", &p.model.kv_heads, 1, 1 << 12));
+    DISTCA_RETURN_IF_ERROR(ReadInt(m, "head_dim", "plan.model", &p.model.head_dim, 1, 1 << 12));
+    DISTCA_RETURN_IF_ERROR(ReadInt(m, "dtype_bytes", "plan.model", &p.model.dtype_bytes, 1, 16));
   }
   const nlohmann::json* docs = nullptr;
   DISTCA_RETURN_IF_ERROR(ReadArray(j, "documents", "plan", &docs));
@@ -105,7 +106,7 @@ Status PlanFromJson(std::string_view text, Plan* plan) {
     DISTCA_RETURN_IF_ERROR(ReadInt(jd, "id", where, &id));
     if (id != static_cast<int64_t>(d))
       return Status::InvalidArgument(fmt::format("{}: \"id\" is {}; ids must be 0, 1, 2, ... in order", where, id));
-    DISTCA_RETURN_IF_ERROR(ReadInt(jd, "length", where, &doc.length, 1));
+    DISTCA_RETURN_IF_ERROR(ReadInt(jd, "length", where, &doc.length, 1, kMaxDocumentLength));
     const nlohmann::json* pieces = nullptr;
     DISTCA_RETURN_IF_ERROR(ReadArray(jd, "pieces", where, &pieces));
     for (size_t i = 0; i < pieces->size(); ++i) {
@@ -114,8 +115,8 @@ Status PlanFromJson(std::string_view text, Plan* plan) {
       if (!jp.is_object()) return Status::InvalidArgument(pwhere + " must be an object");
       PlanPiece piece;
       DISTCA_RETURN_IF_ERROR(ReadInt(jp, "rank", pwhere, &piece.rank, 0));
-      DISTCA_RETURN_IF_ERROR(ReadInt(jp, "begin", pwhere, &piece.begin, 0));
-      DISTCA_RETURN_IF_ERROR(ReadInt(jp, "end", pwhere, &piece.end, 0));
+      DISTCA_RETURN_IF_ERROR(ReadInt(jp, "begin", pwhere, &piece.begin, 0, kMaxDocumentLength));
+      DISTCA_RETURN_IF_ERROR(ReadInt(jp, "end", pwhere, &piece.end, 0, kMaxDocumentLength));
       doc.pieces.push_back(piece);
     }
     p.documents.push_back(std::move(doc));
@@ -128,8 +129,8 @@ Status PlanFromJson(std::string_view text, Plan* plan) {
     if (!jt.is_object()) return Status::InvalidArgument(where + " must be an object");
     PlanTask t;
     DISTCA_RETURN_IF_ERROR(ReadInt(jt, "doc", where, &t.doc, 0));
-    DISTCA_RETURN_IF_ERROR(ReadInt(jt, "q_begin", where, &t.q_begin, 0));
-    DISTCA_RETURN_IF_ERROR(ReadInt(jt, "q_end", where, &t.q_end, 0));
+    DISTCA_RETURN_IF_ERROR(ReadInt(jt, "q_begin", where, &t.q_begin, 0, kMaxDocumentLength));
+    DISTCA_RETURN_IF_ERROR(ReadInt(jt, "q_end", where, &t.q_end, 0, kMaxDocumentLength));
     DISTCA_RETURN_IF_ERROR(ReadInt(jt, "server", where, &t.server, 0));
     p.tasks.push_back(t);
   }

@@ -46,6 +46,18 @@ Status ComputePlanStats(const Plan& plan, const CostModel& cost, PlanStats* stat
   if (stats == nullptr) return Status::InvalidArgument("stats is null");
   const int servers = plan.servers();
   if (servers <= 0) return Status::InvalidArgument(fmt::format("plan has {} servers", servers));
+  // Pieces index the per-server arrays: check them even when the plan came
+  // from a file and was never validated.
+  for (size_t d = 0; d < plan.documents.size(); ++d) {
+    for (const PlanPiece& p : plan.documents[d].pieces) {
+      if (p.rank < 0 || p.rank >= plan.ranks)
+        return Status::InvalidArgument(
+            fmt::format("document {} has a piece on rank {}, which does not exist", d, p.rank));
+      if (p.begin < 0 || p.begin > p.end || p.end > plan.documents[d].length)
+        return Status::InvalidArgument(fmt::format("document {} has a piece [{}, {}) outside [0, {})", d, p.begin,
+                                                   p.end, plan.documents[d].length));
+    }
+  }
   PlanStats s;
   s.load.assign(servers, 0.0);
   s.traffic.sent.assign(servers, 0);

@@ -40,6 +40,7 @@ TEST(LayoutTest, BadInput) {
   EXPECT_TRUE(Contains(LinearLayout({5, -3}, 2, &docs), "document 1 has length -3"));
   EXPECT_TRUE(Contains(LinearLayout({5}, 0, &docs), "ranks must be positive"));
   EXPECT_TRUE(Contains(LinearLayout({3}, 4, &docs), "cannot give each of 4 ranks a token"));
+  EXPECT_EQ(LinearLayout({kMaxDocumentLength + 1}, 1, &docs).code(), StatusCode::kOutOfRange);
 }
 
 TEST(CostModelTest, CausalPairsAndMirroredPairs) {
