@@ -1,6 +1,7 @@
 # Third-party dependencies, all from Debian 12 packages (scripts/install-deps).
 
 find_package(OpenMP REQUIRED COMPONENTS CXX)
+find_package(Threads REQUIRED)
 find_package(dnnl REQUIRED)
 find_package(fmt REQUIRED)
 find_package(CLI11 REQUIRED)
@@ -14,6 +15,13 @@ if(NOT DISTCA_WITH_MPI STREQUAL "OFF")
   if(MPI_CXX_FOUND)
     set(DISTCA_MPI_ENABLED ON)
     set(DISTCA_MPI_DETAIL ", found MPI ${MPI_CXX_VERSION}, launcher ${MPIEXEC_EXECUTABLE}")
+    # How tests launch N ranks: DISTCA_MPIRUN followed by N. As root (CI, these
+    # machines) OpenMPI needs --allow-run-as-root; ranks may outnumber cores.
+    set(DISTCA_MPIRUN ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe --bind-to none
+      ${MPIEXEC_NUMPROC_FLAG})
+    # Containers often forbid the cross-memory attach that OpenMPI's shared
+    # memory transport uses for large messages.
+    set(DISTCA_MPI_TEST_ENV "OMPI_MCA_btl_vader_single_copy_mechanism=none;OMP_NUM_THREADS=1")
   elseif(DISTCA_WITH_MPI STREQUAL "ON")
     message(FATAL_ERROR "DISTCA_WITH_MPI=ON but no MPI was found (install openmpi-bin and libopenmpi-dev)")
   else()

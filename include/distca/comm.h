@@ -1,0 +1,127 @@
+// Comm: the one narrow interface through which distca ranks talk.
+//
+// Backends:
+//   local  R ranks as threads of one process (the embedded default and the
+//          test harness; no mpirun needed).
+//   mpi    OpenMPI processes on one or many machines (MPI_THREAD_MULTIPLE).
+// RunOnRanks picks one: MPI when the program was started by mpirun, else
+// local, unless CommOptions forces either.
+//
+// Contract for every backend:
+//   - Collectives (Barrier, AllreduceSum, Broadcast, Alltoallv) are called by
+//     every rank in the same order.
+//   - Point-to-point messages between one (sender, receiver, tag) arrive in
+//     the order they were sent. User tags are in [0, kMaxUserTag].
+//   - Nonblocking calls return a CommRequest; the buffers must stay valid and
+//     untouched until its Wait() returns.
+//   - Failure: when one rank fails (returns an error, throws, aborts, or its
+//     process dies), every other rank's pending and later calls fail with a
+//     Status naming the failure within seconds; no rank hangs.
+//   - A Comm is used by one thread at a time, except that one thread may
+//     Wait() on requests while another issues compute (the ping-pong comm
+//     thread owns all calls of its rank's Comm).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "distca/status.h"
+
+namespace distca {
+
+// A pending nonblocking operation. Copyable handle; Wait() is idempotent.
+class CommRequest {
+ public:
+  class Impl {
+   public:
+    virtual ~Impl() = default;
+    virtual Status Wait() = 0;  // blocks until done
+    virtual bool Test() = 0;    // true when Wait() would not block
+  };
+
+  CommRequest() = default;
+  explicit CommRequest(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+  // A request that is already complete with `status`.
+  static CommRequest Done(Status status = Status::Ok());
+
+  Status Wait();
+  bool Test();
+  bool valid() const { return impl_ != nullptr; }
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+class Comm {
+ public:
+  static constexpr int kMaxUserTag = (1 << 14) - 1;
+
+  virtual ~Comm() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual const char* backend() const = 0;
+
+  virtual Status Barrier() = 0;
+  // In place: data[i] = sum over ranks of data[i].
+  virtual Status AllreduceSum(float* data, int64_t count) = 0;
+  // Root's bytes to every rank.
+  virtual Status Broadcast(void* data, int64_t bytes, int root) = 0;
+  // Sends send_counts[p] bytes to rank p from `send` at offset
+  // send_counts[0] + ... + send_counts[p-1]; receives recv_counts[p] bytes
+  // from p into `recv` at the matching prefix offset. Both spans have size()
+  // entries, and send_counts[q] on rank p equals recv_counts[p] on rank q.
+  virtual Status Alltoallv(const void* send, std::span<const int64_t> send_counts, void* recv,
+                           std::span<const int64_t> recv_counts);
+  virtual Status Send(const void* data, int64_t bytes, int peer, int tag);
+  virtual Status Recv(void* data, int64_t bytes, int peer, int tag);
+
+  virtual CommRequest ISend(const void* data, int64_t bytes, int peer, int tag) = 0;
+  virtual CommRequest IRecv(void* data, int64_t bytes, int peer, int tag) = 0;
+  // The counts must stay valid until Wait() too.
+  virtual CommRequest IAlltoallv(const void* send, std::span<const int64_t> send_counts, void* recv,
+                                 std::span<const int64_t> recv_counts) = 0;
+
+  // Declares this rank failed: every rank's pending and later calls fail with
+  // an error that carries `why`. On MPI the job is terminated.
+  virtual void Abort(const Status& why) = 0;
+
+ protected:
+  // Argument checks shared by the backends.
+  Status CheckPeer(int peer, const char* what) const;
+  Status CheckTag(int tag) const;
+  Status CheckCounts(std::span<const int64_t> send_counts, std::span<const int64_t> recv_counts) const;
+};
+
+struct CommOptions {
+  enum class Backend { kAuto, kLocal, kMpi };
+  Backend backend = Backend::kAuto;  // Default: MPI under mpirun, else local
+  int local_ranks = 1;               // ranks (threads) of the local backend. Default: 1
+  // The local backend's limit on any single blocking wait; past it the call
+  // fails instead of hanging. Default: 120 s
+  double timeout_seconds = 120.0;
+};
+
+// True when this process was started by mpirun / mpiexec (OpenMPI).
+bool LaunchedByMpirun();
+// Whether this build has the MPI backend (DISTCA_WITH_MPI).
+bool MpiAvailable();
+
+// Runs fn on every rank of the chosen backend and returns OK when every rank
+// (local) or this rank (MPI) succeeded; otherwise the first failure, by rank.
+// A failing rank aborts the others. Exceptions thrown by fn are failures.
+// Under MPI, a failing rank terminates the whole job (non-zero exit).
+Status RunOnRanks(const CommOptions& options, const std::function<Status(Comm&)>& fn);
+
+// Test support: wraps a Comm and injects random delays before operations and
+// delays the completion of nonblocking requests (so they complete in a
+// different order than issued), to show callers do not rely on lucky timing.
+struct FaultOptions {
+  uint64_t seed = 1;
+  int max_delay_us = 200;  // per operation, uniform in [0, max]. Default: 200 us
+};
+std::unique_ptr<Comm> MakeFaultInjectingComm(Comm* inner, const FaultOptions& options);
+
+}  // namespace distca

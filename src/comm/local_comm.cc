@@ -1,0 +1,295 @@
+// The local backend. All ranks share one World: a mailbox of messages keyed by
+// (source, destination, tag), with per-key sequence numbers so that receives
+// match sends in posting order, as MPI's do. Payloads are copied outside the
+// lock. Collectives are messages on internal (negative) tags numbered by each
+// rank's collective sequence, which agrees across ranks because every rank
+// calls the collectives in the same order.
+#include <fmt/format.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "comm/local_comm.h"
+
+namespace distca::comm {
+namespace {
+
+using Bytes = std::vector<std::byte>;
+
+class World {
+ public:
+  World(int size, double timeout_seconds) : size_(size), timeout_(timeout_seconds) {}
+
+  int size() const { return size_; }
+
+  // Appends a message; returns its sequence number on the key.
+  void Post(int src, int dst, int64_t tag, Bytes msg) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Channel& c = channels_[{src, dst, tag}];
+    c.messages.emplace(c.sent++, std::move(msg));
+    cv_.notify_all();
+  }
+
+  // The sequence number the next receive on this key will match.
+  int64_t NextReceive(int src, int dst, int64_t tag) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return channels_[{src, dst, tag}].received++;
+  }
+
+  bool Ready(int src, int dst, int64_t tag, int64_t seq) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!failure_.ok()) return true;
+    auto it = channels_.find({src, dst, tag});
+    return it != channels_.end() && it->second.messages.count(seq) > 0;
+  }
+
+  // Removes message `seq` of the key, waiting for it; fails on abort or timeout.
+  Status Take(int src, int dst, int64_t tag, int64_t seq, Bytes* out) {
+    std::unique_lock<std::mutex> lock(mu_);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_);
+    Channel& c = channels_[{src, dst, tag}];
+    while (true) {
+      if (!failure_.ok()) return failure_;
+      auto it = c.messages.find(seq);
+      if (it != c.messages.end()) {
+        *out = std::move(it->second);
+        c.messages.erase(it);
+        return Status::Ok();
+      }
+      if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
+        return Status::Unavailable(
+            fmt::format("rank {} waited {} s for a message from rank {} (tag {}); giving up", dst, timeout_, src, tag));
+      }
+    }
+  }
+
+  void Abort(const Status& why) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failure_.ok()) failure_ = why;
+    cv_.notify_all();
+  }
+
+  Status failure() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return failure_;
+  }
+
+ private:
+  struct Channel {
+    int64_t sent = 0;
+    int64_t received = 0;
+    std::map<int64_t, Bytes> messages;  // by sequence number
+  };
+
+  const int size_;
+  const double timeout_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::tuple<int, int, int64_t>, Channel> channels_;
+  Status failure_;
+};
+
+// A receive: matched at posting time, completed (copied) on Wait.
+class RecvRequest : public CommRequest::Impl {
+ public:
+  RecvRequest(World* w, int src, int dst, int64_t tag, void* out, int64_t bytes)
+      : world_(w), src_(src), dst_(dst), tag_(tag), seq_(w->NextReceive(src, dst, tag)), out_(out), bytes_(bytes) {}
+
+  Status Wait() override {
+    if (done_) return status_;
+    Bytes msg;
+    status_ = world_->Take(src_, dst_, tag_, seq_, &msg);
+    if (status_.ok() && static_cast<int64_t>(msg.size()) != bytes_) {
+      status_ = Status::InvalidArgument(
+          fmt::format("rank {} expected {} bytes from rank {} (tag {}), got {}", dst_, bytes_, src_, tag_, msg.size()));
+    }
+    if (status_.ok() && bytes_ > 0) std::memcpy(out_, msg.data(), static_cast<size_t>(bytes_));
+    done_ = true;
+    return status_;
+  }
+  bool Test() override { return done_ || world_->Ready(src_, dst_, tag_, seq_); }
+
+ private:
+  World* world_;
+  int src_, dst_;
+  int64_t tag_, seq_;
+  void* out_;
+  int64_t bytes_;
+  bool done_ = false;
+  Status status_;
+};
+
+// Several requests completed together.
+class GroupRequest : public CommRequest::Impl {
+ public:
+  explicit GroupRequest(std::vector<CommRequest> parts) : parts_(std::move(parts)) {}
+  Status Wait() override {
+    Status first;
+    for (CommRequest& r : parts_) {
+      Status s = r.Wait();
+      if (first.ok() && !s.ok()) first = s;
+    }
+    return first;
+  }
+  bool Test() override {
+    for (CommRequest& r : parts_)
+      if (!r.Test()) return false;
+    return true;
+  }
+
+ private:
+  std::vector<CommRequest> parts_;
+};
+
+Bytes Copy(const void* data, int64_t bytes) {
+  Bytes b(static_cast<size_t>(bytes));
+  if (bytes > 0) std::memcpy(b.data(), data, static_cast<size_t>(bytes));
+  return b;
+}
+
+class LocalComm : public Comm {
+ public:
+  LocalComm(World* world, int rank) : world_(world), rank_(rank) {}
+
+  int rank() const override { return rank_; }
+  int size() const override { return world_->size(); }
+  const char* backend() const override { return "local"; }
+
+  CommRequest ISend(const void* data, int64_t bytes, int peer, int tag) override {
+    if (Status s = Check(peer, tag, bytes, "send"); !s.ok()) return CommRequest::Done(s);
+    return Post(data, bytes, peer, tag);
+  }
+
+  CommRequest IRecv(void* data, int64_t bytes, int peer, int tag) override {
+    if (Status s = Check(peer, tag, bytes, "recv"); !s.ok()) return CommRequest::Done(s);
+    return CommRequest(std::make_shared<RecvRequest>(world_, peer, rank_, tag, data, bytes));
+  }
+
+  CommRequest IAlltoallv(const void* send, std::span<const int64_t> send_counts, void* recv,
+                         std::span<const int64_t> recv_counts) override {
+    if (Status s = CheckCounts(send_counts, recv_counts); !s.ok()) return CommRequest::Done(s);
+    const int64_t tag = NextCollectiveTag();
+    std::vector<CommRequest> parts;
+    const auto* in = static_cast<const std::byte*>(send);
+    auto* out = static_cast<std::byte*>(recv);
+    for (int p = 0; p < size(); ++p) {
+      parts.push_back(Post(in, send_counts[p], p, tag));
+      in += send_counts[p];
+    }
+    for (int p = 0; p < size(); ++p) {
+      parts.push_back(CommRequest(std::make_shared<RecvRequest>(world_, p, rank_, tag, out, recv_counts[p])));
+      out += recv_counts[p];
+    }
+    return CommRequest(std::make_shared<GroupRequest>(std::move(parts)));
+  }
+
+  Status Barrier() override {
+    const char token = 0;
+    char sink = 0;
+    const int64_t tag = NextCollectiveTag();
+    for (int p = 0; p < size(); ++p) Post(&token, 1, p, tag);
+    for (int p = 0; p < size(); ++p) DISTCA_RETURN_IF_ERROR(Receive(&sink, 1, p, tag));
+    return Status::Ok();
+  }
+
+  Status AllreduceSum(float* data, int64_t count) override {
+    if (count < 0) return Status::InvalidArgument("allreduce: negative count");
+    const int64_t bytes = count * static_cast<int64_t>(sizeof(float));
+    const int64_t tag = NextCollectiveTag();
+    for (int p = 0; p < size(); ++p)
+      if (p != rank_) Post(data, bytes, p, tag);
+    // Sum in rank order, so every rank computes bit-identical results.
+    std::vector<float> sum(static_cast<size_t>(count), 0.0f), part(static_cast<size_t>(count));
+    for (int p = 0; p < size(); ++p) {
+      const float* src = data;
+      if (p != rank_) {
+        DISTCA_RETURN_IF_ERROR(Receive(part.data(), bytes, p, tag));
+        src = part.data();
+      }
+      for (int64_t i = 0; i < count; ++i) sum[i] += src[i];
+    }
+    std::copy(sum.begin(), sum.end(), data);
+    return Status::Ok();
+  }
+
+  Status Broadcast(void* data, int64_t bytes, int root) override {
+    DISTCA_RETURN_IF_ERROR(CheckPeer(root, "broadcast root"));
+    if (bytes < 0) return Status::InvalidArgument("broadcast: negative size");
+    const int64_t tag = NextCollectiveTag();
+    if (rank_ == root) {
+      for (int p = 0; p < size(); ++p)
+        if (p != root) Post(data, bytes, p, tag);
+      return Status::Ok();
+    }
+    return Receive(data, bytes, root, tag);
+  }
+
+  void Abort(const Status& why) override {
+    world_->Abort(Status(why.code(), fmt::format("rank {} failed: {}", rank_, why.message())));
+  }
+
+ private:
+  Status Check(int peer, int tag, int64_t bytes, const char* what) const {
+    DISTCA_RETURN_IF_ERROR(CheckPeer(peer, what));
+    DISTCA_RETURN_IF_ERROR(CheckTag(tag));
+    if (bytes < 0) return Status::InvalidArgument(fmt::format("{}: negative size", what));
+    return world_->failure();
+  }
+
+  // Sends complete at once: the payload is copied into the mailbox.
+  CommRequest Post(const void* data, int64_t bytes, int peer, int64_t tag) {
+    world_->Post(rank_, peer, tag, Copy(data, bytes));
+    return CommRequest::Done();
+  }
+
+  Status Receive(void* data, int64_t bytes, int peer, int64_t tag) {
+    RecvRequest r(world_, peer, rank_, tag, data, bytes);
+    return r.Wait();
+  }
+
+  int64_t NextCollectiveTag() { return -(++collectives_); }
+
+  World* world_;
+  int rank_;
+  int64_t collectives_ = 0;
+};
+
+}  // namespace
+
+Status RunLocal(int ranks, double timeout_seconds, const std::function<Status(Comm&)>& fn) {
+  if (ranks <= 0) return Status::InvalidArgument(fmt::format("local backend needs ranks >= 1, got {}", ranks));
+  if (!(timeout_seconds > 0)) return Status::InvalidArgument("local backend needs a positive timeout");
+  World world(ranks, timeout_seconds);
+  std::vector<Status> results(ranks);
+  std::vector<std::thread> threads;
+  threads.reserve(ranks);
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      LocalComm comm(&world, r);
+      try {
+        results[r] = fn(comm);
+      } catch (const std::exception& e) {
+        results[r] = Status::Internal(fmt::format("exception: {}", e.what()));
+      } catch (...) {
+        results[r] = Status::Internal("unknown exception");
+      }
+      if (!results[r].ok()) comm.Abort(results[r]);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  // The failure that started it, if any (others only echo it).
+  const Status first = world.failure();
+  if (!first.ok()) return first;
+  for (int r = 0; r < ranks; ++r)
+    if (!results[r].ok()) return results[r].WithContext(fmt::format("rank {}", r));
+  return Status::Ok();
+}
+
+}  // namespace distca::comm

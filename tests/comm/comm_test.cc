@@ -1,0 +1,93 @@
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <stdexcept>
+
+#include "comm/comm_checks.h"
+
+namespace distca::testing {
+namespace {
+
+Status RunLocal(int ranks, const std::function<Status(Comm&)>& fn, double timeout = 60) {
+  CommOptions o;
+  o.backend = CommOptions::Backend::kLocal;
+  o.local_ranks = ranks;
+  o.timeout_seconds = timeout;
+  return RunOnRanks(o, fn);
+}
+
+TEST(LocalCommTest, ContractOnManyRankCounts) {
+  for (int ranks : {1, 2, 3, 4, 8}) {
+    const Status s = RunLocal(ranks, CheckCommContract);
+    EXPECT_TRUE(s.ok()) << ranks << " ranks: " << s.ToString();
+  }
+}
+
+TEST(LocalCommTest, ContractWithInjectedDelays) {
+  for (uint64_t seed : {1, 2, 3}) {
+    const Status s = RunLocal(4, [&](Comm& c) {
+      auto faulty = MakeFaultInjectingComm(&c, {.seed = seed * 100 + uint64_t(c.rank()), .max_delay_us = 300});
+      return CheckCommContract(*faulty);
+    });
+    EXPECT_TRUE(s.ok()) << "seed " << seed << ": " << s.ToString();
+  }
+}
+
+TEST(LocalCommTest, OneFailingRankStopsTheOthersQuickly) {
+  const auto start = std::chrono::steady_clock::now();
+  const Status s = RunLocal(4, [](Comm& c) -> Status {
+    if (c.rank() == 2) return Status::InvalidArgument("bad plan on rank 2");
+    int64_t x = 0;
+    return c.Recv(&x, sizeof x, 2, 0);  // never sent: must not hang
+  });
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("rank 2 failed: bad plan on rank 2"), std::string::npos) << s.ToString();
+  EXPECT_LT(seconds, 5.0);
+}
+
+TEST(LocalCommTest, ExceptionsAreFailures) {
+  const Status s = RunLocal(3, [](Comm& c) -> Status {
+    if (c.rank() == 0) throw std::runtime_error("boom");
+    return c.Barrier();
+  });
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("boom"), std::string::npos) << s.ToString();
+}
+
+TEST(LocalCommTest, WaitsTimeOutInsteadOfHanging) {
+  const Status s = RunLocal(
+      2,
+      [](Comm& c) -> Status {
+        int64_t x = 0;
+        return c.Recv(&x, sizeof x, 1 - c.rank(), 0);  // both wait, nobody sends
+      },
+      0.2);
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable);
+  EXPECT_NE(s.message().find("waited"), std::string::npos) << s.ToString();
+}
+
+TEST(LocalCommTest, SizeMismatchIsAnError) {
+  const Status s = RunLocal(2, [](Comm& c) -> Status {
+    int64_t x = 1;
+    if (c.rank() == 0) return c.Send(&x, sizeof x, 1, 0);
+    int32_t y = 0;
+    return c.Recv(&y, sizeof y, 0, 0);
+  });
+  EXPECT_NE(s.message().find("expected 4 bytes"), std::string::npos) << s.ToString();
+}
+
+TEST(CommTest, BackendChoice) {
+  CommOptions o;
+  o.local_ranks = 2;
+  std::string backend;
+  ASSERT_TRUE(RunOnRanks(o, [&](Comm& c) {
+                if (c.rank() == 0) backend = c.backend();
+                return Status::Ok();
+              }).ok());
+  EXPECT_EQ(backend, LaunchedByMpirun() ? "mpi" : "local");
+  EXPECT_EQ(RunLocal(0, [](Comm&) { return Status::Ok(); }).code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace distca::testing
