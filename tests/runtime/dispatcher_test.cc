@@ -1,0 +1,142 @@
+// Disaggregated attention over ranks equals single-process attention over the
+// whole batch, forward and backward, for every policy and both backward
+// modes; and the bytes moved equal the planner's exact estimate.
+#include <gtest/gtest.h>
+
+#include <sstream>
+
+#include "attn/attention_testing.h"
+#include "common/file_util.h"
+#include "distca/workload.h"
+#include "runtime/dispatch_testing.h"
+
+namespace distca::testing {
+namespace {
+
+std::string Name(const DispatchCase& c) {
+  std::ostringstream s;
+  s << "docs" << c.lengths.size() << "_r" << c.ranks << "s" << c.servers << "_" << PlanPolicyName(c.policy) << "_"
+    << (c.backward == BackwardMode::kCached ? "cached" : "stateless") << "_seed" << c.seed;
+  return s.str();
+}
+
+std::vector<DispatchCase> MakeCases() {
+  std::vector<DispatchCase> cases;
+  std::mt19937_64 rng(42);
+  std::string text;
+  std::vector<int64_t> pool;
+  EXPECT_TRUE(ReadTextFile(DISTCA_SOURCE_DIR "/data/doc-lengths-pretrain.json", &text).ok());
+  EXPECT_TRUE(ParseLengthsJson(text, &pool).ok());
+  uint64_t seed = 1;
+  for (int ranks : {1, 2, 3, 4, 8}) {
+    for (PlanPolicy policy : {PlanPolicy::kColocated, PlanPolicy::kPaper, PlanPolicy::kDistca}) {
+      for (BackwardMode mode : {BackwardMode::kStateless, BackwardMode::kCached}) {
+        DispatchCase c;
+        c.ranks = ranks;
+        c.policy = policy;
+        c.backward = mode;
+        c.seed = seed++;
+        if (seed % 3 == 0) {
+          // Sampled from the pretraining distribution, scaled to a small budget.
+          WorkloadRecipe r;
+          r.tokens_per_batch = int64_t{ranks} * 320;
+          r.elongate = 0.25;
+          r.seed = c.seed;
+          std::vector<std::vector<int64_t>> b;
+          EXPECT_TRUE(SampleBatches(pool, r, 1, &b).ok());
+          c.lengths = b[0];
+        } else {
+          // A skewed batch: one long document among short ones.
+          c.lengths = {int64_t(300 + rng() % 900)};
+          for (int i = 0; i < 1 + int(rng() % 6); ++i) c.lengths.push_back(1 + int64_t(rng() % 200));
+          std::shuffle(c.lengths.begin(), c.lengths.end(), rng);
+        }
+        if (ranks >= 2 && seed % 4 == 0) c.servers = 1 + int(seed % 2);  // dedicated attention servers
+        cases.push_back(c);
+      }
+    }
+  }
+  return cases;
+}
+
+class DispatcherTest : public ::testing::TestWithParam<DispatchCase> {};
+
+TEST_P(DispatcherTest, EqualsSingleProcessAttention) {
+  const DispatchCase& c = GetParam();
+  Plan plan;
+  ASSERT_TRUE(MakePlan(c, &plan).ok());
+  const GlobalBatch g = MakeGlobalBatch(c);
+
+  // The oracle (double accumulation) and the naive fp32 baseline over the whole batch.
+  Batch whole;
+  whole.shape = g.shape;
+  whole.tasks = g.whole;
+  whole.q = g.q;
+  whole.k = g.k;
+  whole.v = g.v;
+  whole.dout = g.dout;
+  const ForwardResult ref = RunForward(whole, AttentionKernel::kReference, 1);
+  const BackwardResult ref_grad = RunBackward(whole, ref, AttentionKernel::kReference, 1);
+  ForwardResult naive;
+  BackwardResult naive_grad;
+  NaiveFp32(whole, &naive, &naive_grad);
+
+  DistributedResult r = EmptyResult(g, plan.servers());
+  CommOptions o;
+  o.backend = CommOptions::Backend::kLocal;
+  o.local_ranks = plan.servers();
+  const Status s = RunOnRanks(o, [&](Comm& comm) { return RunDistributed(comm, c, plan, g, &r); });
+  ASSERT_TRUE(s.ok()) << s.ToString();
+
+  // Same rule as the kernel tests: at most twice the naive fp32 error plus 16
+  // ulps. Summing dK/dV partials from a few servers adds a few roundings,
+  // far inside the naive implementation's sequential fp32 sums.
+  ExpectWithinNaiveBound(r.out, naive.out, ref.out, "O");
+  ExpectWithinNaiveBound(r.lse, naive.lse, ref.lse, "LSE");
+  ExpectWithinNaiveBound(r.dq, naive_grad.dq, ref_grad.dq, "dQ");
+  ExpectWithinNaiveBound(r.dk, naive_grad.dk, ref_grad.dk, "dK");
+  ExpectWithinNaiveBound(r.dv, naive_grad.dv, ref_grad.dv, "dV");
+
+  // Stateless mode moves exactly what the planner counted, per rank.
+  if (c.backward == BackwardMode::kStateless) {
+    EXPECT_EQ(r.sent, plan.stats.traffic.sent);
+    EXPECT_EQ(r.received, plan.stats.traffic.received);
+  } else {
+    int64_t moved = 0;
+    for (int64_t x : r.sent) moved += x;
+    EXPECT_LE(moved, plan.stats.traffic.total_bytes());  // cached sends no Q/K/V twice
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, DispatcherTest, ::testing::ValuesIn(MakeCases()),
+                         [](const ::testing::TestParamInfo<DispatchCase>& p) { return Name(p.param); });
+
+TEST(DispatcherErrorsTest, RejectsBadArguments) {
+  DispatchCase c;
+  c.lengths = {100, 50};
+  c.ranks = 2;
+  Plan plan;
+  ASSERT_TRUE(MakePlan(c, &plan).ok());
+  std::unique_ptr<AttentionDispatcher> d;
+  DispatchOptions o;
+  o.q_heads = 4;
+  o.kv_heads = 3;
+  o.head_dim = 16;
+  EXPECT_EQ(AttentionDispatcher::Create(plan, 0, o, &d).code(), StatusCode::kInvalidArgument);
+  o.kv_heads = 2;
+  EXPECT_EQ(AttentionDispatcher::Create(plan, 5, o, &d).code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(AttentionDispatcher::Create(plan, 0, o, &d).ok());
+  // A comm of the wrong size is refused, not deadlocked on.
+  CommOptions co;
+  co.backend = CommOptions::Backend::kLocal;
+  co.local_ranks = 3;
+  const Status s = RunOnRanks(co, [&](Comm& comm) -> Status {
+    AttentionContext ctx;
+    std::vector<float> x(1 << 16);
+    return d->StartForward(comm, x.data(), x.data(), x.data(), &ctx);
+  });
+  EXPECT_NE(s.message().find("dispatcher was built for"), std::string::npos) << s.ToString();
+}
+
+}  // namespace
+}  // namespace distca::testing
