@@ -168,6 +168,16 @@ Status ComputePlanStats(const Plan& plan, const CostModel& cost, PlanStats* stat
 // ComputePlanStats. Returns the first violation found.
 Status ValidatePlan(const Plan& plan, const CostModel& cost);
 
+// Splits a batch into `count` nano-batches for ping-pong. Documents stay whole
+// (a split document's later part would need the earlier part's K/V from the
+// other nano-batch); longest first, each goes to the nano-batch where the
+// larger of its token share and its attention-work share stays smallest, so
+// both tokens and work come out near equal. nano_docs[n] lists the batch
+// indices of nano-batch n in batch order. Fails when there are fewer
+// documents than nano-batches.
+Status SplitNanoBatches(const std::vector<int64_t>& doc_lengths, int count,
+                        std::vector<std::vector<int>>* nano_docs);
+
 // The plan file (docs/plan_format.md).
 std::string PlanToJson(const Plan& plan);
 Status PlanFromJson(std::string_view json, Plan* plan);

@@ -95,6 +95,14 @@ class AttentionDispatcher {
   Status Backward(Comm& comm, const float* q, const float* k, const float* v, const float* out, const float* lse,
                   const float* dout, float* dq, float* dk, float* dv, AttentionContext* ctx);
 
+  // Waits for the exchange the last Start or Serve phase of `ctx` posted.
+  // The next phase waits for it anyway; an executor calls this on its comm
+  // thread so that the transfer progresses while compute runs. Thread-safe
+  // with respect to phases on other contexts.
+  static Status WaitTransfer(AttentionContext* ctx);
+  // Bytes sent plus received by that exchange.
+  static int64_t PendingTransferBytes(AttentionContext* ctx);
+
   struct Layout;
 
  private:

@@ -553,6 +553,15 @@ Status AttentionDispatcher::FinishBackward(Comm&, float* dq, float* dk, float* d
   return Status::Ok();
 }
 
+Status AttentionDispatcher::WaitTransfer(AttentionContext* ctx) { return ctx->state().request.Wait(); }
+
+int64_t AttentionDispatcher::PendingTransferBytes(AttentionContext* ctx) {
+  int64_t bytes = 0;
+  for (int64_t x : ctx->state().send_counts) bytes += x;
+  for (int64_t x : ctx->state().recv_counts) bytes += x;
+  return bytes;
+}
+
 Status AttentionDispatcher::Backward(Comm& comm, const float* q, const float* k, const float* v, const float* out,
                                      const float* lse, const float* dout, float* dq, float* dk, float* dv,
                                      AttentionContext* ctx) {

@@ -1,0 +1,99 @@
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "runtime/pingpong_testing.h"
+
+namespace distca::testing {
+namespace {
+
+Status RunLocal(int ranks, const std::function<Status(Comm&)>& fn) {
+  CommOptions o;
+  o.backend = CommOptions::Backend::kLocal;
+  o.local_ranks = ranks;
+  return RunOnRanks(o, fn);
+}
+
+TEST(PingPongTest, SameBitsWithAndWithoutPingPong) {
+  const std::vector<int64_t> lengths = {300, 40, 512, 77, 128, 9, 260, 33};
+  for (int ranks : {1, 2, 3, 4}) {
+    for (PlanPolicy policy : {PlanPolicy::kColocated, PlanPolicy::kDistca}) {
+      for (BackwardMode mode : {BackwardMode::kStateless, BackwardMode::kCached}) {
+        std::vector<Plan> plans;
+        ASSERT_TRUE(NanoPlans(lengths, ranks, policy, 4, 2, 8, &plans).ok());
+        const Status s = RunLocal(ranks, [&](Comm& c) { return CheckPingPongEquivalence(c, plans, mode); });
+        EXPECT_TRUE(s.ok()) << ranks << " ranks, " << PlanPolicyName(policy) << ": " << s.ToString();
+      }
+    }
+  }
+}
+
+// The larger of the two sides' token share and work share.
+double Imbalance(const std::vector<int64_t>& lengths, const std::vector<bool>& side) {
+  double tokens[2] = {0, 0}, work[2] = {0, 0};
+  for (size_t d = 0; d < lengths.size(); ++d) {
+    tokens[side[d]] += double(lengths[d]);
+    work[side[d]] += double(CausalPairs(0, lengths[d]));
+  }
+  return std::max(std::max(tokens[0], tokens[1]) / (tokens[0] + tokens[1]),
+                  std::max(work[0], work[1]) / (work[0] + work[1]));
+}
+
+TEST(PingPongTest, NanoBatchesBalanceTokensAndWork) {
+  std::mt19937_64 rng(3);
+  for (int trial = 0; trial < 50; ++trial) {
+    std::vector<int64_t> lengths;
+    for (int i = 0; i < 2 + int(rng() % 11); ++i) lengths.push_back(1 + int64_t(rng() % (rng() % 4 ? 2000 : 20000)));
+    std::vector<std::vector<int>> nano;
+    ASSERT_TRUE(SplitNanoBatches(lengths, 2, &nano).ok());
+    std::vector<bool> side(lengths.size(), false);
+    for (int d : nano[1]) side[d] = true;
+    EXPECT_EQ(nano[0].size() + nano[1].size(), lengths.size());
+    EXPECT_FALSE(nano[0].empty() || nano[1].empty());
+    // Against the best split of whole documents (exhaustive: at most 4096).
+    double best = 1.0;
+    for (uint32_t mask = 1; mask + 1 < (1u << lengths.size()); ++mask) {
+      std::vector<bool> s(lengths.size());
+      for (size_t d = 0; d < lengths.size(); ++d) s[d] = (mask >> d) & 1;
+      best = std::min(best, Imbalance(lengths, s));
+    }
+    // Greedy longest-first is within a few percent of the best possible here.
+    EXPECT_LE(Imbalance(lengths, side), best * 1.1 + 1e-12) << "trial " << trial;
+  }
+  std::vector<std::vector<int>> nano;
+  EXPECT_EQ(SplitNanoBatches({5}, 2, &nano).code(), StatusCode::kInvalidArgument);
+}
+
+TEST(PingPongTest, TracesEverySpanAsChromeJson) {
+  std::vector<Plan> plans;
+  ASSERT_TRUE(NanoPlans({200, 100, 150, 50}, 2, PlanPolicy::kDistca, 4, 2, 8, &plans).ok());
+  Tracer tracer;
+  const Status s = RunLocal(2, [&](Comm& c) -> Status {
+    PingPongOptions o;
+    o.layers = 2;
+    o.dispatch.q_heads = 4;
+    o.dispatch.kv_heads = 2;
+    o.dispatch.head_dim = 8;
+    o.tracer = &tracer;
+    std::unique_ptr<PingPongExecutor> ex;
+    DISTCA_RETURN_IF_ERROR(PingPongExecutor::Create(&c, plans, o, &ex));
+    SyntheticStack stack(*ex, plans, 2, 4, 2, 8);
+    DISTCA_RETURN_IF_ERROR(ex->Forward(stack));
+    return ex->Backward(stack);
+  });
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  const nlohmann::json j = nlohmann::json::parse(tracer.ToChromeJson());
+  int comm_spans = 0, compute_spans = 0;
+  for (const auto& e : j["traceEvents"]) {
+    EXPECT_EQ(e["ph"], "X");
+    EXPECT_GE(e["dur"].get<double>(), 0.0);
+    (e["tid"] == "comm" ? comm_spans : compute_spans) += 1;
+  }
+  // Per rank, layer and nano-batch: 2 transfers forward and 2 backward.
+  EXPECT_EQ(comm_spans, 2 * 2 * 2 * 4);
+  EXPECT_GT(compute_spans, comm_spans);
+}
+
+}  // namespace
+}  // namespace distca::testing
