@@ -7,6 +7,7 @@
 #include <string>
 
 #include "bench/attention_bench.h"
+#include "bench/dispatch_bench.h"
 #include "bench/plan_bench.h"
 #include "common/cli_checks.h"
 
@@ -41,6 +42,16 @@ int main(int argc, char** argv) {
   planner->add_option("--lengths", plan.lengths_file, "document-length pool (Default: data/doc-lengths-pretrain.json)")
       ->check(CLI::ExistingFile);
 
+  distca::bench::DispatchBenchOptions dispatch;
+  dispatch.lengths_file = plan.lengths_file;
+  CLI::App* dispatcher = app.add_subcommand(
+      "dispatch", "disaggregated attention over ranks: bytes vs plan, GB/s, exposed comm (run under mpirun for MPI)");
+  dispatcher->add_flag("--short", dispatch.short_mode, "CI mode: one small batch, two layers");
+  dispatcher->add_flag("--json", dispatch.json, "one JSON record per batch");
+  dispatcher->add_option("--ranks", dispatch.local_ranks, "local ranks when not under mpirun (Default: 4)")
+      ->check(distca::cli::kPositive);
+  dispatcher->add_option("--lengths", dispatch.lengths_file, "document-length pool")->check(CLI::ExistingFile);
+
   CLI11_PARSE(app, argc, argv);
 
   const std::map<std::string, distca::AttentionKernel> kernels = {{"auto", distca::AttentionKernel::kAuto},
@@ -52,6 +63,10 @@ int main(int argc, char** argv) {
     std::string error;
     if (attention->parsed() && !distca::bench::RunAttentionBench(attn, &error)) {
       std::fprintf(stderr, "distca-bench attention: %s\n", error.c_str());
+      return 1;
+    }
+    if (dispatcher->parsed() && !distca::bench::RunDispatchBench(dispatch, &error)) {
+      std::fprintf(stderr, "distca-bench dispatch: %s\n", error.c_str());
       return 1;
     }
     if (planner->parsed() && !distca::bench::RunPlanBench(plan, &error)) {

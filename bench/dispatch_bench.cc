@@ -1,0 +1,248 @@
+#include "bench/dispatch_bench.h"
+
+#include <fmt/format.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "common/file_util.h"
+#include "common/timer.h"
+#include "distca/pingpong.h"
+#include "distca/workload.h"
+#include "oneapi/dnnl/dnnl.h"
+
+namespace distca::bench {
+namespace {
+
+constexpr int kHq = 8, kHkv = 2, kDim = 64;  // hidden 512, K/V width 128
+constexpr int kHidden = kHq * kDim;
+constexpr int kKvWidth = kHkv * kDim;
+constexpr int kFfn = 2 * kHidden;
+
+// C (m x n) = A (m x k) * B (k x n), row-major, one thread.
+void Gemm(int64_t m, int64_t n, int64_t k, const float* a, const float* b, float* c, float beta = 0.0f) {
+  if (m == 0) return;
+  dnnl_sgemm('N', 'N', m, n, k, 1.0f, a, k, b, n, beta, c, n);
+}
+
+// A layer stack whose non-attention compute is real GEMMs of a Llama-like
+// layer (QKV projection; O projection and a two-matrix MLP), with backward
+// doing twice the forward's GEMM work. Values stay bounded; only time matters.
+class GemmStack : public LayerCallbacks {
+ public:
+  GemmStack(const PingPongExecutor& ex, int layers) {
+    std::mt19937 rng(3);
+    std::normal_distribution<float> d(0.0f, 0.02f);
+    auto weights = [&](int64_t n) {
+      std::vector<float> w(static_cast<size_t>(n));
+      for (float& x : w) x = d(rng);
+      return w;
+    };
+    w_qkv_ = weights(int64_t{kHidden} * (kHidden + 2 * kKvWidth));
+    w_o_ = weights(int64_t{kHidden} * kHidden);
+    w_up_ = weights(int64_t{kHidden} * kFfn);
+    w_down_ = weights(int64_t{kFfn} * kHidden);
+    for (int n = 0; n < ex.nano_batches(); ++n) {
+      const int64_t rows = ex.local_tokens(n);
+      std::vector<float> x(size_t(rows * kHidden));
+      for (float& e : x) e = std::normal_distribution<float>(0.0f, 1.0f)(rng);
+      x_.push_back(std::move(x));
+      qkv_.emplace_back(size_t(rows * (kHidden + 2 * kKvWidth)));
+      tmp_.emplace_back(size_t(rows * kFfn));
+    }
+    (void)layers;
+  }
+
+  Status BeforeAttention(int, int n, float* q, float* k, float* v) override {
+    const int64_t rows = Rows(n);
+    Gemm(rows, kHidden + 2 * kKvWidth, kHidden, x_[n].data(), w_qkv_.data(), qkv_[n].data());
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* src = qkv_[n].data() + r * (kHidden + 2 * kKvWidth);
+      std::copy_n(src, kHidden, q + r * kHidden);
+      std::copy_n(src + kHidden, kKvWidth, k + r * kKvWidth);
+      std::copy_n(src + kHidden + kKvWidth, kKvWidth, v + r * kKvWidth);
+    }
+    return Status::Ok();
+  }
+  Status AfterAttention(int, int n, const float* out, const float*) override {
+    const int64_t rows = Rows(n);
+    Gemm(rows, kHidden, kHidden, out, w_o_.data(), x_[n].data(), 1.0f);  // x += O Wo
+    Gemm(rows, kFfn, kHidden, x_[n].data(), w_up_.data(), tmp_[n].data());
+    Gemm(rows, kHidden, kFfn, tmp_[n].data(), w_down_.data(), x_[n].data(), 1.0f);  // x += MLP(x)
+    for (float& e : x_[n]) e = std::clamp(e, -4.0f, 4.0f);
+    return Status::Ok();
+  }
+  Status BeforeAttentionBackward(int, int n, float* dout) override {
+    const int64_t rows = Rows(n);
+    // The MLP's and O projection's backward: twice their forward GEMMs.
+    for (int rep = 0; rep < 2; ++rep) {
+      Gemm(rows, kFfn, kHidden, x_[n].data(), w_up_.data(), tmp_[n].data());
+      Gemm(rows, kHidden, kFfn, tmp_[n].data(), w_down_.data(), dout);
+      Gemm(rows, kHidden, kHidden, x_[n].data(), w_o_.data(), dout, 1.0f);
+    }
+    for (int64_t i = 0; i < rows * kHidden; ++i) dout[i] = std::clamp(dout[i], -1.0f, 1.0f);
+    return Status::Ok();
+  }
+  Status AfterAttentionBackward(int, int n, const float* dq, const float*, const float*) override {
+    const int64_t rows = Rows(n);
+    for (int rep = 0; rep < 2; ++rep)
+      Gemm(rows, kHidden + 2 * kKvWidth, kHidden, dq, w_qkv_.data(), qkv_[n].data());
+    return Status::Ok();
+  }
+
+ private:
+  int64_t Rows(int n) const { return int64_t(x_[n].size()) / kHidden; }
+  std::vector<float> w_qkv_, w_o_, w_up_, w_down_;
+  std::vector<std::vector<float>> x_, qkv_, tmp_;
+};
+
+struct CaseResult {
+  int64_t bytes_moved = 0, bytes_planned = 0;
+  double comm_seconds = 0, comm_bytes = 0;
+  double exposed_fraction[2] = {0, 0};  // [serial, ping-pong]
+  double step_seconds[2] = {0, 0};
+};
+
+}  // namespace
+
+bool RunDispatchBench(const DispatchBenchOptions& o, std::string* error) {
+  std::string text;
+  std::vector<int64_t> pool;
+  Status s = ReadTextFile(o.lengths_file, &text);
+  if (s.ok()) s = ParseLengthsJson(text, &pool);
+  if (!s.ok()) {
+    *error = s.ToString();
+    return false;
+  }
+  const int layers = o.short_mode ? 2 : 4;
+  const int batches = o.short_mode ? 1 : 3;
+  const int64_t tokens_per_rank = o.short_mode ? 4096 : 16384;
+  nlohmann::json records = nlohmann::json::array();
+  CommOptions co;
+  co.local_ranks = o.local_ranks;
+  std::string backend;
+  int ranks = 0;
+  s = RunOnRanks(co, [&](Comm& comm) -> Status {
+    omp_set_num_threads(1);  // one core per rank
+    backend = comm.backend();
+    ranks = comm.size();
+    for (int b = 0; b < batches; ++b) {
+      // Pretrain recipe, lengths scaled down to this machine's token budget.
+      WorkloadRecipe r;
+      r.tokens_per_batch = tokens_per_rank * comm.size();
+      r.upsample = 4;
+      r.filter_ratio = 0.5;
+      r.elongate = 0.5;
+      r.seed = 11 + uint64_t(b);
+      std::vector<std::vector<int64_t>> sampled;
+      DISTCA_RETURN_IF_ERROR(SampleBatches(pool, r, 1, &sampled));
+      std::vector<std::vector<int>> nano_docs;
+      DISTCA_RETURN_IF_ERROR(SplitNanoBatches(sampled[0], 2, &nano_docs));
+      PlanOptions po;
+      po.ranks = comm.size();
+      po.model = {.q_heads = kHq, .kv_heads = kHkv, .head_dim = kDim, .dtype_bytes = 4};
+      const CostModel cost = CostModel::Flops(po.model);
+      std::vector<Plan> plans;
+      for (const auto& docs : nano_docs) {
+        std::vector<int64_t> lengths;
+        for (int d : docs) lengths.push_back(sampled[0][d]);
+        plans.emplace_back();
+        DISTCA_RETURN_IF_ERROR(BuildPlan(lengths, po, cost, &plans.back()));
+      }
+      CaseResult result;
+      for (int variant = 0; variant < 2; ++variant) {
+        Tracer tracer;
+        PingPongOptions eo;
+        eo.layers = layers;
+        eo.ping_pong = variant == 1;
+        eo.dispatch.q_heads = kHq;
+        eo.dispatch.kv_heads = kHkv;
+        eo.dispatch.head_dim = kDim;
+        eo.dispatch.exec.num_threads = 1;
+        eo.tracer = &tracer;
+        std::unique_ptr<PingPongExecutor> ex;
+        DISTCA_RETURN_IF_ERROR(PingPongExecutor::Create(&comm, plans, eo, &ex));
+        GemmStack stack(*ex, layers);
+        DISTCA_RETURN_IF_ERROR(comm.Barrier());
+        WallTimer t;
+        DISTCA_RETURN_IF_ERROR(ex->Forward(stack));
+        DISTCA_RETURN_IF_ERROR(ex->Backward(stack));
+        const double step = t.Seconds();
+        result.step_seconds[variant] = step;
+        result.exposed_fraction[variant] = ex->exposed_comm_seconds() / step;
+        if (variant == 0) {
+          // Bytes: what moved (all layers) against the plans' per-rank estimate.
+          for (int n = 0; n < 2; ++n) {
+            result.bytes_moved += ex->dispatcher(n).traffic().sent + ex->dispatcher(n).traffic().received;
+            result.bytes_planned += layers * (plans[n].stats.traffic.sent[comm.rank()] +
+                                              plans[n].stats.traffic.received[comm.rank()]);
+          }
+          // Exchange rate: bytes over the durations of the comm thread's waits
+          // without overlap (serial run: the transfer is all the wait does).
+          for (const TraceSpan& span : tracer.Spans())
+            if (span.thread == "comm" && span.bytes > 0) {
+              result.comm_seconds += (span.end_us - span.start_us) * 1e-6;
+              result.comm_bytes += double(span.bytes);
+            }
+        }
+      }
+      if (result.bytes_moved != result.bytes_planned)
+        return Status::Internal(fmt::format("rank {} moved {} bytes, the plans say {}", comm.rank(),
+                                            result.bytes_moved, result.bytes_planned));
+      // The slowest rank decides: maxima over ranks (allreduce of one-hot slots).
+      std::vector<float> v(size_t(comm.size()) * 5, 0.0f);
+      float* mine = v.data() + comm.rank() * 5;
+      mine[0] = float(result.bytes_moved) * 1e-6f;
+      mine[1] = float(result.comm_seconds);
+      mine[2] = float(result.comm_bytes) * 1e-6f;
+      mine[3] = float(result.exposed_fraction[0]);
+      mine[4] = float(result.exposed_fraction[1]);
+      DISTCA_RETURN_IF_ERROR(comm.AllreduceSum(v.data(), int64_t(v.size())));
+      if (comm.rank() != 0) continue;
+      double moved_mb = 0, comm_s = 0, comm_mb = 0, exposed_serial = 0, exposed_pp = 0;
+      for (int p = 0; p < comm.size(); ++p) {
+        moved_mb += v[p * 5];
+        comm_s = std::max(comm_s, double(v[p * 5 + 1]));
+        comm_mb = std::max(comm_mb, double(v[p * 5 + 2]));
+        exposed_serial = std::max(exposed_serial, double(v[p * 5 + 3]));
+        exposed_pp = std::max(exposed_pp, double(v[p * 5 + 4]));
+      }
+      records.push_back({{"backend", backend},
+                         {"ranks", comm.size()},
+                         {"batch", b},
+                         {"layers", layers},
+                         {"tokens_per_rank", tokens_per_rank},
+                         {"bytes_moved", int64_t(moved_mb * 1e6)},
+                         {"bytes_planned", int64_t(moved_mb * 1e6)},  // equal on every rank, checked above
+                         {"gbytes_per_s", comm_s > 0 ? comm_mb * 1e-3 / comm_s : 0.0},
+                         {"exposed_comm_fraction_serial", exposed_serial},
+                         {"exposed_comm_fraction_pingpong", exposed_pp}});
+    }
+    return Status::Ok();
+  });
+  if (!s.ok()) {
+    *error = s.ToString();
+    return false;
+  }
+  if (records.empty()) return true;  // not rank 0 of an MPI job
+  if (o.json) {
+    for (const auto& r : records) fmt::print("{}\n", r.dump());
+    return true;
+  }
+  fmt::print("distca-bench dispatch: {} backend, {} ranks, {} layers, {} tokens per rank, heads {}x{}, head_dim {};\n"
+             "synthetic layers of real GEMMs (hidden {}, MLP {}); one core per rank\n\n",
+             backend, ranks, layers, tokens_per_rank, kHq, kHkv, kDim, kHidden, kFfn);
+  fmt::print("{:>5} {:>14} {:>10} {:>22} {:>22}\n", "batch", "bytes moved", "GB/s", "exposed comm, serial",
+             "exposed comm, ping-pong");
+  for (const auto& r : records) {
+    fmt::print("{:>5} {:>12.1f}MB {:>10.2f} {:>22.3f} {:>22.3f}\n", r["batch"].get<int>(),
+               r["bytes_moved"].get<double>() * 1e-6, r["gbytes_per_s"].get<double>(),
+               r["exposed_comm_fraction_serial"].get<double>(), r["exposed_comm_fraction_pingpong"].get<double>());
+  }
+  fmt::print("\nbytes moved equal the planner's estimate on every rank (checked)\n");
+  return true;
+}
+
+}  // namespace distca::bench
