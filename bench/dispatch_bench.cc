@@ -87,8 +87,7 @@ class GemmStack : public LayerCallbacks {
   }
   Status AfterAttentionBackward(int, int n, const float* dq, const float*, const float*) override {
     const int64_t rows = Rows(n);
-    for (int rep = 0; rep < 2; ++rep)
-      Gemm(rows, kHidden + 2 * kKvWidth, kHidden, dq, w_qkv_.data(), qkv_[n].data());
+    for (int rep = 0; rep < 2; ++rep) Gemm(rows, kHidden + 2 * kKvWidth, kHidden, dq, w_qkv_.data(), qkv_[n].data());
     return Status::Ok();
   }
 
@@ -153,7 +152,6 @@ bool RunDispatchBench(const DispatchBenchOptions& o, std::string* error) {
       }
       CaseResult result;
       for (int variant = 0; variant < 2; ++variant) {
-        Tracer tracer;
         PingPongOptions eo;
         eo.layers = layers;
         eo.ping_pong = variant == 1;
@@ -161,7 +159,6 @@ bool RunDispatchBench(const DispatchBenchOptions& o, std::string* error) {
         eo.dispatch.kv_heads = kHkv;
         eo.dispatch.head_dim = kDim;
         eo.dispatch.exec.num_threads = 1;
-        eo.tracer = &tracer;
         std::unique_ptr<PingPongExecutor> ex;
         DISTCA_RETURN_IF_ERROR(PingPongExecutor::Create(&comm, plans, eo, &ex));
         GemmStack stack(*ex, layers);
@@ -176,22 +173,44 @@ bool RunDispatchBench(const DispatchBenchOptions& o, std::string* error) {
           // Bytes: what moved (all layers) against the plans' per-rank estimate.
           for (int n = 0; n < 2; ++n) {
             result.bytes_moved += ex->dispatcher(n).traffic().sent + ex->dispatcher(n).traffic().received;
-            result.bytes_planned += layers * (plans[n].stats.traffic.sent[comm.rank()] +
-                                              plans[n].stats.traffic.received[comm.rank()]);
+            result.bytes_planned +=
+                layers * (plans[n].stats.traffic.sent[comm.rank()] + plans[n].stats.traffic.received[comm.rank()]);
           }
-          // Exchange rate: bytes over the durations of the comm thread's waits
-          // without overlap (serial run: the transfer is all the wait does).
-          for (const TraceSpan& span : tracer.Spans())
-            if (span.thread == "comm" && span.bytes > 0) {
-              result.comm_seconds += (span.end_us - span.start_us) * 1e-6;
-              result.comm_bytes += double(span.bytes);
-            }
+        }
+      }
+      {
+        // Exchange rate in isolation: after a barrier every rank packs and
+        // sends one forward pass's Q/K/V and waits for its own; best of three.
+        DispatchOptions d;
+        d.q_heads = kHq;
+        d.kv_heads = kHkv;
+        d.head_dim = kDim;
+        d.exec.num_threads = 1;
+        std::unique_ptr<AttentionDispatcher> disp;
+        DISTCA_RETURN_IF_ERROR(AttentionDispatcher::Create(plans[0], comm.rank(), d, &disp));
+        const int64_t rows = disp->local_tokens();
+        std::vector<float> q(size_t(rows * kHidden), 0.1f), kv(size_t(rows * kKvWidth), 0.1f);
+        std::vector<float> out(q.size()), lse(size_t(rows * kHq));
+        result.comm_seconds = 1e30;
+        for (int rep = 0; rep < 3; ++rep) {
+          AttentionContext ctx;
+          DISTCA_RETURN_IF_ERROR(comm.Barrier());
+          WallTimer t;
+          DISTCA_RETURN_IF_ERROR(disp->StartForward(comm, q.data(), kv.data(), kv.data(), &ctx));
+          const double bytes = double(AttentionDispatcher::PendingTransferBytes(&ctx));
+          DISTCA_RETURN_IF_ERROR(AttentionDispatcher::WaitTransfer(&ctx));
+          result.comm_seconds = std::min(result.comm_seconds, t.Seconds());
+          result.comm_bytes = bytes;
+          DISTCA_RETURN_IF_ERROR(disp->ServeForward(comm, &ctx));
+          DISTCA_RETURN_IF_ERROR(disp->FinishForward(comm, out.data(), lse.data(), &ctx));
         }
       }
       if (result.bytes_moved != result.bytes_planned)
-        return Status::Internal(fmt::format("rank {} moved {} bytes, the plans say {}", comm.rank(),
-                                            result.bytes_moved, result.bytes_planned));
-      // The slowest rank decides: maxima over ranks (allreduce of one-hot slots).
+        return Status::Internal(fmt::format("rank {} moved {} bytes, the plans say {}", comm.rank(), result.bytes_moved,
+                                            result.bytes_planned));
+      // Gather per-rank figures (allreduce of one slot per rank). The exposed
+      // fractions and the exchange time are the slowest rank's; the exchange
+      // rate is all ranks' bytes over that time.
       std::vector<float> v(size_t(comm.size()) * 5, 0.0f);
       float* mine = v.data() + comm.rank() * 5;
       mine[0] = float(result.bytes_moved) * 1e-6f;
@@ -205,7 +224,7 @@ bool RunDispatchBench(const DispatchBenchOptions& o, std::string* error) {
       for (int p = 0; p < comm.size(); ++p) {
         moved_mb += v[p * 5];
         comm_s = std::max(comm_s, double(v[p * 5 + 1]));
-        comm_mb = std::max(comm_mb, double(v[p * 5 + 2]));
+        comm_mb += double(v[p * 5 + 2]);
         exposed_serial = std::max(exposed_serial, double(v[p * 5 + 3]));
         exposed_pp = std::max(exposed_pp, double(v[p * 5 + 4]));
       }
@@ -231,9 +250,10 @@ bool RunDispatchBench(const DispatchBenchOptions& o, std::string* error) {
     for (const auto& r : records) fmt::print("{}\n", r.dump());
     return true;
   }
-  fmt::print("distca-bench dispatch: {} backend, {} ranks, {} layers, {} tokens per rank, heads {}x{}, head_dim {};\n"
-             "synthetic layers of real GEMMs (hidden {}, MLP {}); one core per rank\n\n",
-             backend, ranks, layers, tokens_per_rank, kHq, kHkv, kDim, kHidden, kFfn);
+  fmt::print(
+      "distca-bench dispatch: {} backend, {} ranks, {} layers, {} tokens per rank, heads {}x{}, head_dim {};\n"
+      "synthetic layers of real GEMMs (hidden {}, MLP {}); one core per rank\n\n",
+      backend, ranks, layers, tokens_per_rank, kHq, kHkv, kDim, kHidden, kFfn);
   fmt::print("{:>5} {:>14} {:>10} {:>22} {:>22}\n", "batch", "bytes moved", "GB/s", "exposed comm, serial",
              "exposed comm, ping-pong");
   for (const auto& r : records) {

@@ -9,8 +9,8 @@ namespace distca::bench {
 
 struct DispatchBenchOptions {
   bool short_mode = false;
-  bool json = false;        // one JSON record per batch
-  int local_ranks = 4;      // ranks when not launched by mpirun. Default: 4
+  bool json = false;    // one JSON record per batch
+  int local_ranks = 4;  // ranks when not launched by mpirun. Default: 4
   std::string lengths_file;
 };
 
