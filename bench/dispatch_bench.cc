@@ -123,6 +123,7 @@ bool RunDispatchBench(const DispatchBenchOptions& o, std::string* error) {
   co.local_ranks = o.local_ranks;
   std::string backend;
   int ranks = 0;
+  Tracer tracer;  // shared by the local backend's rank threads
   s = RunOnRanks(co, [&](Comm& comm) -> Status {
     omp_set_num_threads(1);  // one core per rank
     backend = comm.backend();
@@ -159,6 +160,7 @@ bool RunDispatchBench(const DispatchBenchOptions& o, std::string* error) {
         eo.dispatch.kv_heads = kHkv;
         eo.dispatch.head_dim = kDim;
         eo.dispatch.exec.num_threads = 1;
+        if (!o.trace_file.empty() && b == 0 && variant == 1) eo.tracer = &tracer;
         std::unique_ptr<PingPongExecutor> ex;
         DISTCA_RETURN_IF_ERROR(PingPongExecutor::Create(&comm, plans, eo, &ex));
         GemmStack stack(*ex, layers);
@@ -219,6 +221,9 @@ bool RunDispatchBench(const DispatchBenchOptions& o, std::string* error) {
       mine[3] = float(result.exposed_fraction[0]);
       mine[4] = float(result.exposed_fraction[1]);
       DISTCA_RETURN_IF_ERROR(comm.AllreduceSum(v.data(), int64_t(v.size())));
+      if (!o.trace_file.empty() && b == 0 && std::string(comm.backend()) == "mpi")
+        DISTCA_RETURN_IF_ERROR(tracer.WriteChromeJson(
+            comm.rank() == 0 ? o.trace_file : fmt::format("{}.rank{}", o.trace_file, comm.rank())));
       if (comm.rank() != 0) continue;
       double moved_mb = 0, comm_s = 0, comm_mb = 0, exposed_serial = 0, exposed_pp = 0;
       for (int p = 0; p < comm.size(); ++p) {
@@ -244,6 +249,13 @@ bool RunDispatchBench(const DispatchBenchOptions& o, std::string* error) {
   if (!s.ok()) {
     *error = s.ToString();
     return false;
+  }
+  if (!o.trace_file.empty() && backend == "local") {
+    s = tracer.WriteChromeJson(o.trace_file);
+    if (!s.ok()) {
+      *error = s.ToString();
+      return false;
+    }
   }
   if (records.empty()) return true;  // not rank 0 of an MPI job
   if (o.json) {

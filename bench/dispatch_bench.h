@@ -12,6 +12,9 @@ struct DispatchBenchOptions {
   bool json = false;    // one JSON record per batch
   int local_ranks = 4;  // ranks when not launched by mpirun. Default: 4
   std::string lengths_file;
+  // When set, the ping-pong run of the first batch is traced and written as
+  // Chrome trace JSON here (under MPI, rank r > 0 writes FILE.rank<r>).
+  std::string trace_file;
 };
 
 // Runs on every rank of the backend (MPI under mpirun, else local threads);

@@ -51,6 +51,7 @@ int main(int argc, char** argv) {
   dispatcher->add_option("--ranks", dispatch.local_ranks, "local ranks when not under mpirun (Default: 4)")
       ->check(distca::cli::kPositive);
   dispatcher->add_option("--lengths", dispatch.lengths_file, "document-length pool")->check(CLI::ExistingFile);
+  dispatcher->add_option("--trace", dispatch.trace_file, "write the ping-pong run as Chrome trace JSON");
 
   CLI11_PARSE(app, argc, argv);
 

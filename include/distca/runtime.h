@@ -100,6 +100,8 @@ class AttentionDispatcher {
   // thread so that the transfer progresses while compute runs. Thread-safe
   // with respect to phases on other contexts.
   static Status WaitTransfer(AttentionContext* ctx);
+  // True when WaitTransfer would not block; drives MPI progress.
+  static bool TestTransfer(AttentionContext* ctx);
   // Bytes sent plus received by that exchange.
   static int64_t PendingTransferBytes(AttentionContext* ctx);
 

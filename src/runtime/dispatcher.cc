@@ -555,6 +555,8 @@ Status AttentionDispatcher::FinishBackward(Comm&, float* dq, float* dk, float* d
 
 Status AttentionDispatcher::WaitTransfer(AttentionContext* ctx) { return ctx->state().request.Wait(); }
 
+bool AttentionDispatcher::TestTransfer(AttentionContext* ctx) { return ctx->state().request.Test(); }
+
 int64_t AttentionDispatcher::PendingTransferBytes(AttentionContext* ctx) {
   int64_t bytes = 0;
   for (int64_t x : ctx->state().send_counts) bytes += x;

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -93,6 +94,9 @@ class PingPongExecutor::Impl {
     const int rank = comm->rank();
     nanos[n].transfer = comm_thread.Submit([ctx, tracer, rank, name, bytes] {
       Tracer::Scope span(tracer, rank, "comm", name, bytes);
+      // Poll rather than block: MPI's blocking waits spin, and this thread
+      // shares the rank's core with compute. Each Test drives progress.
+      while (!AttentionDispatcher::TestTransfer(ctx)) std::this_thread::sleep_for(std::chrono::microseconds(50));
       return AttentionDispatcher::WaitTransfer(ctx);
     });
   }
