@@ -48,6 +48,14 @@ struct PingPongOptions {
   Tracer* tracer = nullptr;  // Default: no tracing
 };
 
+// Where a rank's time went in the last Forward + Backward.
+struct ExecutorTimes {
+  double attention_seconds = 0.0;     // Serve phases: this rank's CA tasks as a server
+  double pack_seconds = 0.0;          // Start and Finish phases: packing and placing rows
+  double exposed_comm_seconds = 0.0;  // compute thread blocked on transfers (not hidden)
+  double transfer_seconds = 0.0;      // sum over transfers of posting-to-completion time
+};
+
 class PingPongExecutor {
  public:
   // One plan per nano-batch, identical on every rank; `comm` must have each
@@ -68,6 +76,7 @@ class PingPongExecutor {
   // Seconds the compute thread spent waiting on transfers in the last
   // Forward + Backward (communication that was not hidden).
   double exposed_comm_seconds() const;
+  const ExecutorTimes& times() const;
 
   class Impl;
 

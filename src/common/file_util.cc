@@ -1,6 +1,11 @@
 #include "common/file_util.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cerrno>
+#include <cstdio>
+#include <filesystem>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -24,6 +29,49 @@ Status WriteTextFile(const std::string& path, std::string_view contents) {
   out.close();
   if (!out) return Status::IoError("error while writing '" + path + "'");
   return Status::Ok();
+}
+
+Status SyncDirectory(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) return Status::IoError("cannot open directory '" + dir + "': " + std::strerror(errno));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) return Status::IoError("fsync of directory '" + dir + "' failed: " + std::strerror(err));
+  return Status::Ok();
+}
+
+Status WriteFileAtomic(const std::string& path, std::string_view contents) {
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) return Status::IoError("cannot create '" + tmp + "': " + std::strerror(errno));
+  size_t done = 0;
+  while (done < contents.size()) {
+    const ssize_t n = ::write(fd, contents.data() + done, contents.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = errno;
+      ::close(fd);
+      std::remove(tmp.c_str());
+      return Status::IoError("error while writing '" + tmp + "': " + std::strerror(err));
+    }
+    done += static_cast<size_t>(n);
+  }
+  const int sync_rc = ::fsync(fd);
+  const int sync_err = errno;
+  const int close_rc = ::close(fd);
+  if (sync_rc != 0 || close_rc != 0) {
+    const int err = sync_rc != 0 ? sync_err : errno;
+    std::remove(tmp.c_str());
+    return Status::IoError("cannot flush '" + tmp + "': " + std::strerror(err));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    std::remove(tmp.c_str());
+    return Status::IoError("cannot rename '" + tmp + "' to '" + path + "': " + std::strerror(err));
+  }
+  std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  return SyncDirectory(parent.empty() ? "." : parent.string());
 }
 
 }  // namespace distca

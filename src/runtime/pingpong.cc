@@ -62,6 +62,17 @@ class CommThread {
   std::thread thread_;
 };
 
+// Adds the seconds of its lifetime to *total.
+class PhaseTimer {
+ public:
+  explicit PhaseTimer(double* total) : total_(total) {}
+  ~PhaseTimer() { *total_ += timer_.Seconds(); }
+
+ private:
+  double* total_;
+  WallTimer timer_;
+};
+
 // What one nano-batch keeps for one layer between forward and backward.
 struct LayerState {
   AttentionContext ctx;
@@ -82,7 +93,7 @@ class PingPongExecutor::Impl {
   Comm* comm = nullptr;
   PingPongOptions options;
   std::vector<Nano> nanos;
-  double exposed_seconds = 0;
+  ExecutorTimes times;
   CommThread comm_thread;
 
   // Posts nano-batch n's pending exchange to the comm thread.
@@ -92,12 +103,18 @@ class PingPongExecutor::Impl {
     const int64_t bytes = AttentionDispatcher::PendingTransferBytes(ctx);
     Tracer* tracer = options.tracer;
     const int rank = comm->rank();
-    nanos[n].transfer = comm_thread.Submit([ctx, tracer, rank, name, bytes] {
+    // Only the comm thread writes transfer_seconds; the compute thread reads
+    // it after every transfer's future has been awaited.
+    double* transfer_seconds = &times.transfer_seconds;
+    nanos[n].transfer = comm_thread.Submit([ctx, tracer, rank, name, bytes, transfer_seconds] {
       Tracer::Scope span(tracer, rank, "comm", name, bytes);
+      WallTimer t;
       // Poll rather than block: MPI's blocking waits spin, and this thread
       // shares the rank's core with compute. Each Test drives progress.
       while (!AttentionDispatcher::TestTransfer(ctx)) std::this_thread::sleep_for(std::chrono::microseconds(50));
-      return AttentionDispatcher::WaitTransfer(ctx);
+      Status s = AttentionDispatcher::WaitTransfer(ctx);
+      *transfer_seconds += t.Seconds();
+      return s;
     });
   }
 
@@ -107,7 +124,7 @@ class PingPongExecutor::Impl {
     Tracer::Scope span(options.tracer, comm->rank(), "compute", "wait " + name);
     WallTimer t;
     Status s = nanos[n].transfer.get();
-    exposed_seconds += t.Seconds();
+    times.exposed_comm_seconds += t.Seconds();
     return s;
   }
 
@@ -125,6 +142,7 @@ class PingPongExecutor::Impl {
       }
       {
         Tracer::Scope span(options.tracer, rank, "compute", Name("pack Q/K/V", n, layer));
+        PhaseTimer phase(&times.pack_seconds);
         DISTCA_RETURN_IF_ERROR(nano.dispatcher->StartForward(*comm, st.q.data(), st.k.data(), st.v.data(), &st.ctx));
       }
       Track(n, Name("Q/K/V to servers", n, layer));
@@ -133,6 +151,7 @@ class PingPongExecutor::Impl {
       DISTCA_RETURN_IF_ERROR(Await(n, Name("Q/K/V", n, layer)));
       {
         Tracer::Scope span(options.tracer, rank, "compute", Name("serve attention", n, layer));
+        PhaseTimer phase(&times.attention_seconds);
         DISTCA_RETURN_IF_ERROR(nanos[n].dispatcher->ServeForward(*comm, &nanos[n].layers[layer].ctx));
       }
       Track(n, Name("O to owners", n, layer));
@@ -142,6 +161,7 @@ class PingPongExecutor::Impl {
       LayerState& st = nanos[n].layers[layer];
       {
         Tracer::Scope span(options.tracer, rank, "compute", Name("unpack O", n, layer));
+        PhaseTimer phase(&times.pack_seconds);
         DISTCA_RETURN_IF_ERROR(nanos[n].dispatcher->FinishForward(*comm, st.out.data(), st.lse.data(), &st.ctx));
       }
       Tracer::Scope span(options.tracer, rank, "compute", Name("after attention", n, layer));
@@ -162,6 +182,7 @@ class PingPongExecutor::Impl {
       }
       {
         Tracer::Scope span(options.tracer, rank, "compute", Name("pack dO", n, layer));
+        PhaseTimer phase(&times.pack_seconds);
         DISTCA_RETURN_IF_ERROR(nano.dispatcher->StartBackward(*comm, st.q.data(), st.k.data(), st.v.data(),
                                                               st.out.data(), st.lse.data(), nano.dout.data(), &st.ctx));
       }
@@ -171,6 +192,7 @@ class PingPongExecutor::Impl {
       DISTCA_RETURN_IF_ERROR(Await(n, Name("dO", n, layer)));
       {
         Tracer::Scope span(options.tracer, rank, "compute", Name("serve attention backward", n, layer));
+        PhaseTimer phase(&times.attention_seconds);
         DISTCA_RETURN_IF_ERROR(nanos[n].dispatcher->ServeBackward(*comm, &nanos[n].layers[layer].ctx));
       }
       Track(n, Name("dQ/dK/dV to owners", n, layer));
@@ -180,6 +202,7 @@ class PingPongExecutor::Impl {
       Nano& nano = nanos[n];
       {
         Tracer::Scope span(options.tracer, rank, "compute", Name("unpack dQ/dK/dV", n, layer));
+        PhaseTimer phase(&times.pack_seconds);
         DISTCA_RETURN_IF_ERROR(nano.dispatcher->FinishBackward(*comm, nano.dq.data(), nano.dk.data(), nano.dv.data(),
                                                                &nano.layers[layer].ctx));
       }
@@ -247,10 +270,11 @@ Status PingPongExecutor::Create(Comm* comm, std::vector<Plan> plans, const PingP
 int PingPongExecutor::nano_batches() const { return static_cast<int>(impl_->nanos.size()); }
 const AttentionDispatcher& PingPongExecutor::dispatcher(int nano) const { return *impl_->nanos[nano].dispatcher; }
 int64_t PingPongExecutor::local_tokens(int nano) const { return impl_->nanos[nano].dispatcher->local_tokens(); }
-double PingPongExecutor::exposed_comm_seconds() const { return impl_->exposed_seconds; }
+double PingPongExecutor::exposed_comm_seconds() const { return impl_->times.exposed_comm_seconds; }
+const ExecutorTimes& PingPongExecutor::times() const { return impl_->times; }
 
 Status PingPongExecutor::Forward(LayerCallbacks& callbacks) {
-  impl_->exposed_seconds = 0;
+  impl_->times = ExecutorTimes{};
   for (int layer = 0; layer < impl_->options.layers; ++layer)
     for (const std::vector<int>& group : impl_->Groups())
       DISTCA_RETURN_IF_ERROR(impl_->ForwardGroup(callbacks, layer, group));
