@@ -9,6 +9,7 @@
 #include "bench/attention_bench.h"
 #include "bench/dispatch_bench.h"
 #include "bench/plan_bench.h"
+#include "bench/train_bench.h"
 #include "common/cli_checks.h"
 
 int main(int argc, char** argv) {
@@ -53,6 +54,14 @@ int main(int argc, char** argv) {
   dispatcher->add_option("--lengths", dispatch.lengths_file, "document-length pool")->check(CLI::ExistingFile);
   dispatcher->add_option("--trace", dispatch.trace_file, "write the ping-pong run as Chrome trace JSON");
 
+  distca::bench::TrainBenchOptions train;
+  CLI::App* trainer = app.add_subcommand(
+      "train", "colocated vs CAD training steps on skewed and uniform mixes (run under mpirun -np 2 for MPI)");
+  trainer->add_flag("--short", train.short_mode, "CI mode: tiny model, 2048 tokens per rank");
+  trainer->add_flag("--json", train.json, "one JSON record per mix");
+  trainer->add_option("--ranks", train.local_ranks, "local ranks when not under mpirun (Default: 2)")
+      ->check(distca::cli::kPositive);
+
   CLI11_PARSE(app, argc, argv);
 
   const std::map<std::string, distca::AttentionKernel> kernels = {{"auto", distca::AttentionKernel::kAuto},
@@ -68,6 +77,10 @@ int main(int argc, char** argv) {
     }
     if (dispatcher->parsed() && !distca::bench::RunDispatchBench(dispatch, &error)) {
       std::fprintf(stderr, "distca-bench dispatch: %s\n", error.c_str());
+      return 1;
+    }
+    if (trainer->parsed() && !distca::bench::RunTrainBench(train, &error)) {
+      std::fprintf(stderr, "distca-bench train: %s\n", error.c_str());
       return 1;
     }
     if (planner->parsed() && !distca::bench::RunPlanBench(plan, &error)) {

@@ -1,0 +1,264 @@
+// Checkpoints and the safetensors format (include/distca/train.h,
+// docs/checkpoint_format.md).
+#include <fmt/format.h>
+
+#include <bit>
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "common/file_util.h"
+#include "distca/train.h"
+
+namespace distca {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+static_assert(std::endian::native == std::endian::little, "safetensors data is little-endian");
+
+constexpr const char* kFormat = "distca-checkpoint-1";
+constexpr uint64_t kMaxHeaderBytes = uint64_t{100} << 20;  // the safetensors spec's limit
+
+std::string StepDirName(int64_t step) { return fmt::format("step-{:08d}", step); }
+
+json ConfigJson(const ModelConfig& c) {
+  return {{"vocab_size", c.vocab_size}, {"num_layers", c.num_layers}, {"hidden", c.hidden},
+          {"q_heads", c.q_heads},       {"kv_heads", c.kv_heads},     {"ffn_hidden", c.ffn_hidden},
+          {"rope_theta", c.rope_theta}, {"norm_eps", c.norm_eps}};
+}
+
+// The tensors of a flat buffer laid out as `layout`, under a name prefix.
+std::vector<NamedTensor> Tensors(const std::vector<ParamTensor>& layout, const float* base, const std::string& prefix) {
+  std::vector<NamedTensor> out;
+  for (const ParamTensor& t : layout) out.push_back({prefix + t.name, t.shape, base + t.offset});
+  return out;
+}
+
+// Copies the tensors of `file` named prefix + layout names into a flat buffer.
+Status Unpack(const SafetensorsFile& file, const std::vector<ParamTensor>& layout, const std::string& prefix,
+              const std::string& path, float* dst) {
+  if (file.tensors.size() != layout.size())
+    return Status::InvalidArgument(fmt::format("{} holds {} tensors, the model has {}: written for another model",
+                                               path, file.tensors.size(), layout.size()));
+  for (const ParamTensor& t : layout) {
+    const SafetensorsFile::Entry* e = file.Find(prefix + t.name);
+    if (e == nullptr) return Status::InvalidArgument(fmt::format("{} has no tensor '{}'", path, prefix + t.name));
+    if (e->shape != t.shape)
+      return Status::InvalidArgument(fmt::format("{}: tensor '{}' has shape {}, the model needs {}", path,
+                                                 prefix + t.name, json(e->shape).dump(), json(t.shape).dump()));
+    std::memcpy(dst + t.offset, e->values.data(), sizeof(float) * size_t(t.size));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+const SafetensorsFile::Entry* SafetensorsFile::Find(const std::string& name) const {
+  for (const auto& [n, e] : tensors)
+    if (n == name) return &e;
+  return nullptr;
+}
+
+Status WriteSafetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
+                        const std::vector<std::pair<std::string, std::string>>& metadata) {
+  json header = json::object();
+  uint64_t offset = 0;
+  for (const NamedTensor& t : tensors) {
+    int64_t n = 1;
+    for (int64_t d : t.shape) n *= d;
+    const uint64_t bytes = uint64_t(n) * sizeof(float);
+    header[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  if (!metadata.empty()) {
+    json meta = json::object();
+    for (const auto& [k, v] : metadata) meta[k] = v;
+    header["__metadata__"] = meta;
+  }
+  std::string head = header.dump();
+  head.resize((head.size() + 7) / 8 * 8, ' ');  // the data starts 8-byte aligned
+  std::string bytes(8 + head.size() + offset, '\0');
+  const uint64_t head_size = head.size();
+  std::memcpy(bytes.data(), &head_size, 8);
+  std::memcpy(bytes.data() + 8, head.data(), head.size());
+  char* data = bytes.data() + 8 + head.size();
+  for (const NamedTensor& t : tensors) {
+    const auto& offsets = header[t.name]["data_offsets"];
+    const uint64_t begin = offsets[0], end = offsets[1];
+    if (end > begin) std::memcpy(data + begin, t.data, end - begin);
+  }
+  return WriteFileAtomic(path, bytes);
+}
+
+Status ReadSafetensors(const std::string& path, SafetensorsFile* file) {
+  std::string bytes;
+  DISTCA_RETURN_IF_ERROR(ReadTextFile(path, &bytes));
+  if (bytes.size() < 8) return Status::InvalidArgument(path + ": too short for a safetensors header");
+  uint64_t head_size = 0;
+  std::memcpy(&head_size, bytes.data(), 8);
+  if (head_size > kMaxHeaderBytes || head_size > bytes.size() - 8)
+    return Status::InvalidArgument(
+        fmt::format("{}: header size {} does not fit the file ({} bytes)", path, head_size, bytes.size()));
+  json header;
+  try {
+    header = json::parse(bytes.substr(8, head_size));
+  } catch (const json::exception& e) {
+    return Status::InvalidArgument(fmt::format("{}: header is not valid JSON: {}", path, e.what()));
+  }
+  if (!header.is_object()) return Status::InvalidArgument(path + ": header is not a JSON object");
+  const uint64_t data_size = bytes.size() - 8 - head_size;
+  const char* data = bytes.data() + 8 + head_size;
+  SafetensorsFile result;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  for (const auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") {
+      if (!entry.is_object()) return Status::InvalidArgument(path + ": __metadata__ is not an object");
+      for (const auto& [k, v] : entry.items()) {
+        if (!v.is_string()) return Status::InvalidArgument(path + ": __metadata__ values must be strings");
+        result.metadata.emplace_back(k, v.get<std::string>());
+      }
+      continue;
+    }
+    const std::string where = fmt::format("{}: tensor '{}'", path, name);
+    if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") || !entry.contains("data_offsets"))
+      return Status::InvalidArgument(where + " lacks dtype, shape or data_offsets");
+    if (entry["dtype"] != "F32")
+      return Status::InvalidArgument(fmt::format("{} has dtype {}; only F32 is supported", where, entry["dtype"].dump()));
+    SafetensorsFile::Entry e;
+    uint64_t count = 1;
+    for (const json& d : entry["shape"]) {
+      if (!d.is_number_unsigned()) return Status::InvalidArgument(where + ": shape entries must be non-negative integers");
+      e.shape.push_back(d.get<int64_t>());
+      count *= d.get<uint64_t>();
+    }
+    const json& off = entry["data_offsets"];
+    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
+      return Status::InvalidArgument(where + ": data_offsets must be two non-negative integers");
+    const uint64_t begin = off[0], end = off[1];
+    if (begin > end || end > data_size || end - begin != count * sizeof(float))
+      return Status::InvalidArgument(fmt::format("{}: data_offsets [{}, {}) do not match its shape or the file's {} data bytes",
+                                                 where, begin, end, data_size));
+    e.values.resize(count);
+    if (count > 0) std::memcpy(e.values.data(), data + begin, end - begin);
+    ranges.emplace_back(begin, end);
+    result.tensors.emplace_back(name, std::move(e));
+  }
+  std::sort(ranges.begin(), ranges.end());
+  uint64_t covered = 0;
+  for (const auto& [b, e] : ranges) {
+    if (b != covered) return Status::InvalidArgument(path + ": tensor data overlaps or leaves gaps");
+    covered = e;
+  }
+  if (covered != data_size)
+    return Status::InvalidArgument(fmt::format("{}: {} data bytes but tensors cover {}", path, data_size, covered));
+  *file = std::move(result);
+  return Status::Ok();
+}
+
+Status SaveCheckpoint(const std::string& dir, const Transformer& model, const AdamW& optimizer,
+                      const TrainState& state) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return Status::IoError(fmt::format("cannot create checkpoint directory '{}': {}", dir, ec.message()));
+  const std::string name = StepDirName(state.step);
+  const fs::path tmp = fs::path(dir) / (name + ".tmp"), final_dir = fs::path(dir) / name;
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp, ec);
+  if (ec) return Status::IoError(fmt::format("cannot create '{}': {}", tmp.string(), ec.message()));
+
+  const std::vector<ParamTensor>& layout = model.tensors();
+  const std::string step = std::to_string(state.step);
+  DISTCA_RETURN_IF_ERROR(WriteSafetensors((tmp / "model.safetensors").string(), Tensors(layout, model.params(), ""),
+                                          {{"format", kFormat}, {"step", step}}));
+  std::vector<NamedTensor> moments = Tensors(layout, optimizer.m().data(), "m.");
+  for (NamedTensor& t : Tensors(layout, optimizer.v().data(), "v.")) moments.push_back(t);
+  DISTCA_RETURN_IF_ERROR(WriteSafetensors((tmp / "optimizer.safetensors").string(), moments,
+                                          {{"format", kFormat}, {"step", step}}));
+  const json j = {{"format", kFormat},
+                  {"step", state.step},
+                  {"seed", state.seed},
+                  {"optimizer_step", optimizer.step()},
+                  {"data", {{"step", state.data.step}, {"epoch", state.data.epoch},
+                            {"cursor", state.data.cursor}, {"offset", state.data.offset}}},
+                  {"model", ConfigJson(model.config())},
+                  {"parameters", model.size()}};
+  DISTCA_RETURN_IF_ERROR(WriteFileAtomic((tmp / "state.json").string(), j.dump(2) + "\n"));
+  DISTCA_RETURN_IF_ERROR(SyncDirectory(tmp.string()));
+  fs::remove_all(final_dir, ec);
+  fs::rename(tmp, final_dir, ec);
+  if (ec) return Status::IoError(fmt::format("cannot rename '{}' to '{}': {}", tmp.string(), final_dir.string(), ec.message()));
+  DISTCA_RETURN_IF_ERROR(SyncDirectory(dir));
+  return WriteFileAtomic((fs::path(dir) / "latest").string(), name + "\n");
+}
+
+Status LoadCheckpoint(const std::string& dir, Transformer* model, AdamW* optimizer, TrainState* state) {
+  fs::path ckpt = dir;
+  std::error_code ec;
+  if (!fs::is_directory(ckpt, ec)) return Status::InvalidArgument(fmt::format("--load {}: no such directory", dir));
+  if (!fs::exists(ckpt / "state.json")) {
+    std::string latest;
+    Status s = ReadTextFile((ckpt / "latest").string(), &latest);
+    if (!s.ok())
+      return Status::InvalidArgument(fmt::format("--load {}: neither state.json nor a 'latest' file is there", dir));
+    while (!latest.empty() && (latest.back() == '\n' || latest.back() == ' ')) latest.pop_back();
+    if (latest.empty() || latest.find('/') != std::string::npos)
+      return Status::InvalidArgument(fmt::format("{}/latest is malformed", dir));
+    ckpt /= latest;
+  }
+  const std::string where = ckpt.string();
+  std::string text;
+  DISTCA_RETURN_IF_ERROR(ReadTextFile((ckpt / "state.json").string(), &text));
+  json j;
+  TrainState st;
+  int64_t optimizer_step = 0;
+  try {
+    j = json::parse(text);
+    if (j.value("format", "") != kFormat)
+      return Status::InvalidArgument(fmt::format("{}/state.json: format is not '{}'", where, kFormat));
+    if (j.at("model") != ConfigJson(model->config()))
+      return Status::InvalidArgument(fmt::format("{} was written for model {}, but this run's model is {}", where,
+                                                 j.at("model").dump(), ConfigJson(model->config()).dump()));
+    st.step = j.at("step").get<int64_t>();
+    st.seed = j.at("seed").get<uint64_t>();
+    optimizer_step = j.at("optimizer_step").get<int64_t>();
+    const json& d = j.at("data");
+    st.data = {d.at("step").get<int64_t>(), d.at("epoch").get<int64_t>(), d.at("cursor").get<int64_t>(),
+               d.at("offset").get<int64_t>()};
+  } catch (const json::exception& e) {
+    return Status::InvalidArgument(fmt::format("{}/state.json is malformed: {}", where, e.what()));
+  }
+  if (st.step < 0 || optimizer_step < 0)
+    return Status::InvalidArgument(fmt::format("{}/state.json: negative step", where));
+
+  // Read and check everything before touching the model.
+  SafetensorsFile weights, moments;
+  DISTCA_RETURN_IF_ERROR(ReadSafetensors((ckpt / "model.safetensors").string(), &weights));
+  DISTCA_RETURN_IF_ERROR(ReadSafetensors((ckpt / "optimizer.safetensors").string(), &moments));
+  const std::vector<ParamTensor>& layout = model->tensors();
+  std::vector<float> params(size_t(model->size())), m(params.size()), v(params.size());
+  DISTCA_RETURN_IF_ERROR(Unpack(weights, layout, "", where + "/model.safetensors", params.data()));
+  SafetensorsFile m_file, v_file;
+  for (auto& [name, e] : moments.tensors) {
+    if (name.rfind("m.", 0) == 0) m_file.tensors.emplace_back(name, e);
+    else if (name.rfind("v.", 0) == 0) v_file.tensors.emplace_back(name, e);
+    else return Status::InvalidArgument(fmt::format("{}/optimizer.safetensors: unexpected tensor '{}'", where, name));
+  }
+  DISTCA_RETURN_IF_ERROR(Unpack(m_file, layout, "m.", where + "/optimizer.safetensors", m.data()));
+  DISTCA_RETURN_IF_ERROR(Unpack(v_file, layout, "v.", where + "/optimizer.safetensors", v.data()));
+  for (const auto* f : {&weights, &moments}) {
+    bool step_ok = false;
+    for (const auto& [k, val] : f->metadata) step_ok |= (k == "step" && val == std::to_string(st.step));
+    if (!step_ok)
+      return Status::InvalidArgument(fmt::format("{}: the tensor files are not from step {} of state.json", where, st.step));
+  }
+  std::memcpy(model->params(), params.data(), sizeof(float) * params.size());
+  optimizer->m() = std::move(m);
+  optimizer->v() = std::move(v);
+  optimizer->set_step(optimizer_step);
+  *state = st;
+  return Status::Ok();
+}
+
+}  // namespace distca

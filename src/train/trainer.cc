@@ -1,0 +1,321 @@
+// The training loop (include/distca/train.h).
+#include <fmt/format.h>
+#include <omp.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+
+#include "common/timer.h"
+#include "distca/pingpong.h"
+#include "distca/train.h"
+
+namespace distca {
+namespace {
+
+// What every rank sends rank 0 after a step.
+struct RankReport {
+  double tokens, attn_s, linear_s, comm_s, wait_s, busy_s, peak_rss_bytes, step_s, sent_bytes;
+};
+
+// Resets the process's peak resident set (Linux: VmHWM) so that each step
+// reports its own peak; silently a no-op where unsupported.
+void ResetPeakRss() {
+  if (std::FILE* f = std::fopen("/proc/self/clear_refs", "w")) {
+    std::fputs("5", f);
+    std::fclose(f);
+  }
+}
+
+// The process's peak resident set since the last reset, in bytes.
+int64_t PeakRssBytes() {
+  if (std::FILE* f = std::fopen("/proc/self/status", "r")) {
+    char line[256];
+    long long kib = -1;
+    while (std::fgets(line, sizeof line, f) != nullptr)
+      if (std::sscanf(line, "VmHWM: %lld kB", &kib) == 1) break;
+    std::fclose(f);
+    if (kib >= 0) return int64_t{kib} * 1024;
+  }
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return int64_t{u.ru_maxrss} * 1024;  // Linux reports KiB
+}
+
+// Every rank's report, on rank 0 (other ranks get only their own).
+Status GatherReports(Comm& comm, const RankReport& mine, std::vector<RankReport>* all) {
+  const int n = comm.size();
+  std::vector<int64_t> send(size_t(n), 0), recv(size_t(n), 0);
+  send[0] = sizeof(RankReport);
+  if (comm.rank() == 0) std::fill(recv.begin(), recv.end(), int64_t{sizeof(RankReport)});
+  all->assign(size_t(comm.rank() == 0 ? n : 1), RankReport{});
+  DISTCA_RETURN_IF_ERROR(comm.Alltoallv(&mine, send, all->data(), recv));
+  if (comm.rank() != 0) (*all)[0] = mine;
+  return Status::Ok();
+}
+
+// The plans of one step: one per nano-batch, and which batch documents each holds.
+struct StepPlans {
+  std::vector<Plan> plans;
+  std::vector<std::vector<int>> nano_docs;  // batch indices per nano-batch, in batch order
+};
+
+Status BuildStepPlans(const std::vector<int64_t>& lengths, const TrainOptions& o, int data_ranks, StepPlans* out) {
+  const ModelConfig& m = o.model;
+  PlanOptions po;
+  po.ranks = data_ranks;
+  po.block = o.block;
+  po.model = {m.q_heads, m.kv_heads, m.head_dim(), int(sizeof(float))};
+  const bool cad = o.attention == AttentionMode::kCad;
+  po.policy = cad ? o.policy : PlanPolicy::kColocated;
+  po.dedicated_servers = cad ? o.servers : 0;
+  po.tolerance = o.tolerance;
+  out->nano_docs.clear();
+  if (cad && o.ping_pong && lengths.size() >= 2) {
+    DISTCA_RETURN_IF_ERROR(SplitNanoBatches(lengths, 2, &out->nano_docs));
+  } else {
+    out->nano_docs.emplace_back();
+    for (int i = 0; i < static_cast<int>(lengths.size()); ++i) out->nano_docs[0].push_back(i);
+  }
+  const CostModel cost = CostModel::Flops(po.model);
+  out->plans.resize(out->nano_docs.size());
+  for (size_t n = 0; n < out->nano_docs.size(); ++n) {
+    std::vector<int64_t> nano_lengths;
+    for (int d : out->nano_docs[n]) nano_lengths.push_back(lengths[size_t(d)]);
+    DISTCA_RETURN_IF_ERROR(BuildPlan(nano_lengths, po, cost, &out->plans[n]).WithContext(fmt::format("nano-batch {}", n)));
+  }
+  return Status::Ok();
+}
+
+// This rank's token rows of nano-batch n, in the dispatcher's local order.
+TokenRows RowsOf(const Batch& batch, const Plan& plan, const std::vector<int>& nano_docs, int rank) {
+  TokenRows rows;
+  for (size_t i = 0; i < plan.documents.size(); ++i) {
+    const std::vector<int32_t>& doc = batch.docs[size_t(nano_docs[i])];
+    const int64_t len = static_cast<int64_t>(doc.size());
+    for (const PlanPiece& p : plan.documents[i].pieces) {
+      if (p.rank != rank) continue;
+      for (int64_t pos = p.begin; pos < p.end; ++pos) {
+        rows.tokens.push_back(doc[size_t(pos)]);
+        rows.positions.push_back(pos);
+        rows.targets.push_back(pos + 1 < len ? doc[size_t(pos + 1)] : -1);
+      }
+    }
+  }
+  return rows;
+}
+
+// CA FLOPs per server summed over the nano-batches: max / mean.
+double LoadMaxOverMean(const std::vector<Plan>& plans) {
+  std::vector<double> load;
+  for (const Plan& p : plans) {
+    load.resize(std::max(load.size(), p.stats.load.size()), 0.0);
+    for (size_t s = 0; s < p.stats.load.size(); ++s) load[s] += p.stats.load[s];
+  }
+  double sum = 0, mx = 0;
+  for (double l : load) {
+    sum += l;
+    mx = std::max(mx, l);
+  }
+  return sum > 0 ? mx / (sum / double(load.size())) : 1.0;
+}
+
+Status CheckOptions(const Comm& comm, const TrainOptions& o) {
+  DISTCA_RETURN_IF_ERROR(ValidateModelConfig(o.model));
+  if (o.steps < 1) return Status::InvalidArgument(fmt::format("--steps must be >= 1, got {}", o.steps));
+  if (o.threads < 1) return Status::InvalidArgument(fmt::format("--threads must be >= 1, got {}", o.threads));
+  if (o.block < 1) return Status::InvalidArgument(fmt::format("--block must be >= 1, got {}", o.block));
+  if (o.servers < 0) return Status::InvalidArgument(fmt::format("--servers must be >= 0, got {}", o.servers));
+  if (o.attention == AttentionMode::kCad && o.servers >= comm.size())
+    return Status::InvalidArgument(fmt::format("--servers {} leaves no rank for the model: the job has {} ranks",
+                                               o.servers, comm.size()));
+  if (o.attention == AttentionMode::kColocated && o.servers > 0)
+    return Status::InvalidArgument("--servers needs --attention cad");
+  if (o.data.docs_file.empty() && o.data.batches.empty() && o.tokens_per_rank <= 0)
+    return Status::InvalidArgument("--tokens-per-rank is required (and positive) unless --docs-file gives the batches");
+  if (o.tokens_per_rank > 0 && o.tokens_per_rank < o.block)
+    return Status::InvalidArgument(
+        fmt::format("--tokens-per-rank {} is smaller than one block ({} tokens)", o.tokens_per_rank, o.block));
+  if (!(o.lr > 0) || !(o.min_lr >= 0) || o.min_lr > o.lr)
+    return Status::InvalidArgument(fmt::format("need 0 <= --min-lr <= --lr and --lr > 0, got {} and {}", o.min_lr, o.lr));
+  return Status::Ok();
+}
+
+// Sums `value` over ranks in double precision through the fp32 all-reduce:
+// the value travels as a float and the float of its remainder.
+Status AllreduceDouble(Comm& comm, double* value) {
+  float parts[2];
+  parts[0] = static_cast<float>(*value);
+  parts[1] = static_cast<float>(*value - double(parts[0]));
+  DISTCA_RETURN_IF_ERROR(comm.AllreduceSum(parts, 2));
+  *value = double(parts[0]) + double(parts[1]);
+  return Status::Ok();
+}
+
+}  // namespace
+
+const char* AttentionModeName(AttentionMode mode) { return mode == AttentionMode::kCad ? "cad" : "colocated"; }
+
+Status ParseAttentionMode(std::string_view name, AttentionMode* mode) {
+  if (name == "cad") *mode = AttentionMode::kCad;
+  else if (name == "colocated") *mode = AttentionMode::kColocated;
+  else return Status::InvalidArgument(fmt::format("unknown attention mode '{}': use colocated or cad", name));
+  return Status::Ok();
+}
+
+Status Train(Comm& comm, const TrainOptions& options, const std::function<void(const StepMetrics&)>& on_step) {
+  DISTCA_RETURN_IF_ERROR(CheckOptions(comm, options));
+  const TrainOptions& o = options;
+  const int rank = comm.rank();
+  const int data_ranks = comm.size() - (o.attention == AttentionMode::kCad ? o.servers : 0);
+  omp_set_num_threads(o.threads);
+
+  std::unique_ptr<Transformer> model;
+  DISTCA_RETURN_IF_ERROR(Transformer::Create(o.model, &model));
+  model->InitWeights(o.seed);
+  AdamW optimizer(*model, o.adamw);
+
+  DataOptions data = o.data;
+  data.seed = o.seed;
+  data.tokens_per_batch = o.tokens_per_rank * data_ranks;
+  std::unique_ptr<BatchStream> stream;
+  DISTCA_RETURN_IF_ERROR(BatchStream::Open(data, &stream));
+  if (stream->vocab_size() > o.model.vocab_size)
+    return Status::InvalidArgument(fmt::format("the data's token ids go up to {} but the model's vocabulary is {}",
+                                               stream->vocab_size() - 1, o.model.vocab_size));
+
+  int64_t step = 0;
+  if (!o.load_dir.empty()) {
+    TrainState state;
+    DISTCA_RETURN_IF_ERROR(LoadCheckpoint(o.load_dir, model.get(), &optimizer, &state));
+    if (state.seed != o.seed)
+      return Status::InvalidArgument(
+          fmt::format("{} was trained with --seed {}, this run has --seed {}", o.load_dir, state.seed, o.seed));
+    DISTCA_RETURN_IF_ERROR(stream->Seek(state.data));
+    step = state.step;
+    if (step >= o.steps)
+      return Status::InvalidArgument(
+          fmt::format("{} is at step {}; --steps {} leaves nothing to train", o.load_dir, step, o.steps));
+  }
+
+  PingPongOptions exec_options;
+  exec_options.layers = o.model.num_layers;
+  exec_options.ping_pong = o.ping_pong;
+  exec_options.tracer = o.tracer;
+  exec_options.dispatch.q_heads = o.model.q_heads;
+  exec_options.dispatch.kv_heads = o.model.kv_heads;
+  exec_options.dispatch.head_dim = o.model.head_dim();
+  exec_options.dispatch.backward = o.backward;
+  exec_options.dispatch.exec.num_threads = o.threads;
+  ModelPass pass(model.get(), o.threads);
+  const int64_t decay_steps = o.lr_decay_steps > 0 ? o.lr_decay_steps : o.steps;
+
+  while (step < o.steps) {
+    ResetPeakRss();
+    WallTimer step_timer;
+    const double cpu_start = ThreadCpuSeconds();
+    Batch batch;
+    DISTCA_RETURN_IF_ERROR(stream->Next(&batch).WithContext(fmt::format("step {}", step + 1)));
+    const std::vector<int64_t> lengths = batch.lengths();
+    const int64_t tokens = batch.tokens();
+    if (o.tokens_per_rank > 0 && tokens != o.tokens_per_rank * data_ranks)
+      return Status::InvalidArgument(fmt::format("step {}: the batch holds {} tokens, not --tokens-per-rank {} x {} ranks",
+                                                 step + 1, tokens, o.tokens_per_rank, data_ranks));
+    if (tokens / data_ranks < o.block)
+      return Status::InvalidArgument(fmt::format("step {}: {} tokens over {} ranks is less than one block ({}) per rank",
+                                                 step + 1, tokens, data_ranks, o.block));
+    int64_t targets = 0;
+    for (int64_t len : lengths) targets += len - 1;
+    if (targets == 0)
+      return Status::InvalidArgument(fmt::format("step {}: every document has one token; nothing to predict", step + 1));
+
+    StepPlans sp;
+    DISTCA_RETURN_IF_ERROR(BuildStepPlans(lengths, o, data_ranks, &sp).WithContext(fmt::format("step {}", step + 1)));
+    std::unique_ptr<PingPongExecutor> executor;
+    DISTCA_RETURN_IF_ERROR(PingPongExecutor::Create(&comm, sp.plans, exec_options, &executor));
+    std::vector<TokenRows> nanos;
+    int64_t my_tokens = 0;
+    for (size_t n = 0; n < sp.plans.size(); ++n) {
+      nanos.push_back(RowsOf(batch, sp.plans[n], sp.nano_docs[n], rank));
+      my_tokens += nanos.back().size();
+    }
+
+    model->ZeroGrads();
+    double loss_sum = 0;
+    int64_t my_targets = 0;
+    DISTCA_RETURN_IF_ERROR(pass.Begin(std::move(nanos), 1.0 / double(targets)));
+    DISTCA_RETURN_IF_ERROR(executor->Forward(pass));
+    DISTCA_RETURN_IF_ERROR(pass.Loss(&loss_sum, &my_targets));
+    DISTCA_RETURN_IF_ERROR(executor->Backward(pass));
+    DISTCA_RETURN_IF_ERROR(pass.End());
+    const double busy = ThreadCpuSeconds() - cpu_start;
+
+    // Waiting for the slowest rank, then the gradient all-reduce.
+    WallTimer wait_timer;
+    {
+      Tracer::Scope span(o.tracer, rank, "compute", "wait for slowest rank");
+      DISTCA_RETURN_IF_ERROR(comm.Barrier());
+    }
+    const double barrier_s = wait_timer.Seconds();
+    WallTimer allreduce_timer;
+    {
+      Tracer::Scope span(o.tracer, rank, "compute", "all-reduce gradients", model->size() * int64_t{sizeof(float)});
+      DISTCA_RETURN_IF_ERROR(comm.AllreduceSum(model->grads(), model->size()));
+      DISTCA_RETURN_IF_ERROR(AllreduceDouble(comm, &loss_sum));
+    }
+    const double allreduce_s = allreduce_timer.Seconds();
+    const double grad_norm = ClipGradNorm(model->grads(), model->size(), o.grad_clip);
+    const float lr = CosineLearningRate(step, o.warmup_steps, decay_steps, o.lr, o.min_lr);
+    optimizer.Step(model.get(), lr);
+    ++step;
+    if (!std::isfinite(loss_sum))
+      return Status::FailedPrecondition(fmt::format("step {}: the loss is not finite (lower --lr?)", step));
+
+    const ExecutorTimes& et = executor->times();
+    int64_t sent = 0;
+    for (int n = 0; n < executor->nano_batches(); ++n) sent += executor->dispatcher(n).traffic().sent;
+    const RankReport mine{double(my_tokens),
+                          et.attention_seconds,
+                          pass.times().linear_seconds,
+                          et.transfer_seconds + allreduce_s,
+                          et.exposed_comm_seconds + barrier_s,
+                          busy,
+                          double(PeakRssBytes()),
+                          step_timer.Seconds(),
+                          double(sent)};
+    std::vector<RankReport> reports;
+    DISTCA_RETURN_IF_ERROR(GatherReports(comm, mine, &reports));
+
+    if (!o.save_dir.empty() && rank == 0 && ((o.save_every > 0 && step % o.save_every == 0) || step == o.steps)) {
+      const TrainState state{step, stream->position(), o.seed};
+      DISTCA_RETURN_IF_ERROR(SaveCheckpoint(o.save_dir, *model, optimizer, state));
+    }
+    if (!o.save_dir.empty()) DISTCA_RETURN_IF_ERROR(comm.Barrier());  // no rank runs ahead of a failed save
+
+    if (rank == 0 && on_step) {
+      StepMetrics m;
+      m.step = step;
+      m.loss = loss_sum / double(targets);
+      m.lr = lr;
+      m.grad_norm = grad_norm;
+      m.documents = static_cast<int64_t>(lengths.size());
+      m.tokens = tokens;
+      m.load_max_over_mean = LoadMaxOverMean(sp.plans);
+      for (size_t r = 0; r < reports.size(); ++r) {
+        const RankReport& x = reports[r];
+        m.step_s = std::max(m.step_s, x.step_s);
+        m.comm_bytes += int64_t(x.sent_bytes);
+        m.ranks.push_back({int(r), int64_t(x.tokens), x.attn_s, x.linear_s, x.comm_s, x.wait_s, x.busy_s,
+                           int64_t(x.peak_rss_bytes)});
+      }
+      m.tokens_per_s = m.step_s > 0 ? double(tokens) / m.step_s : 0.0;
+      on_step(m);
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace distca

@@ -1,0 +1,193 @@
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "train/train_testing.h"
+
+namespace distca {
+namespace {
+
+using testing::TinyTrainOptions;
+using testing::TrainAndCollect;
+using testing::TrainResult;
+
+Status RunLocal(int ranks, const std::function<Status(Comm&)>& fn) {
+  CommOptions o;
+  o.backend = CommOptions::Backend::kLocal;
+  o.local_ranks = ranks;
+  return RunOnRanks(o, fn);
+}
+
+TEST(TrainTest, CadEqualsColocatedOnFourLocalRanks) {
+  const Status s = RunLocal(4, [](Comm& comm) { return testing::CheckCadEqualsColocated(comm); });
+  EXPECT_TRUE(s.ok()) << s.ToString();
+}
+
+TEST(TrainTest, DedicatedServerEqualsColocated) {
+  TrainResult ref, got;
+  TrainOptions t = TinyTrainOptions(3);
+  t.attention = AttentionMode::kColocated;
+  Status s = RunLocal(3, [&](Comm& comm) { return TrainAndCollect(comm, t, "ref", &ref); });
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  t.attention = AttentionMode::kCad;
+  t.servers = 1;
+  s = RunLocal(4, [&](Comm& comm) { return TrainAndCollect(comm, t, "server", &got); });
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  s = testing::CompareRuns(ref, got, t, "one dedicated server");
+  EXPECT_TRUE(s.ok()) << s.ToString();
+}
+
+TEST(TrainTest, LossDecreases) {
+  TrainOptions t = TinyTrainOptions(2);
+  t.steps = 12;
+  t.lr = 3e-3f;
+  t.data.batches = {t.data.batches[0]};  // the same batch every step
+  TrainResult r;
+  const Status s = RunLocal(2, [&](Comm& comm) { return TrainAndCollect(comm, t, "decrease", &r); });
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  ASSERT_EQ(r.losses.size(), 12u);
+  EXPECT_NEAR(r.losses[0], std::log(256.0), 0.1);  // untrained: about uniform over 256 byte values
+  EXPECT_LT(r.losses.back(), r.losses[0] - 0.5);
+}
+
+// Four steps straight equal two steps, save, load, two steps: bitwise.
+TEST(TrainTest, ResumeIsExact) {
+  for (AttentionMode mode : {AttentionMode::kColocated, AttentionMode::kCad}) {
+    TrainOptions t = TinyTrainOptions(2);
+    t.attention = mode;
+    t.steps = 4;
+    t.data.batches.push_back({300, 724});
+    TrainResult straight;
+    Status s = RunLocal(2, [&](Comm& comm) { return TrainAndCollect(comm, t, "straight", &straight); });
+    ASSERT_TRUE(s.ok()) << s.ToString();
+
+    const std::string dir = testing::ScratchDir("resume");
+    std::filesystem::remove_all(dir);
+    std::vector<double> resumed;
+    TrainOptions first = t;
+    first.steps = 2;
+    first.lr_decay_steps = 4;  // the same schedule as the 4-step run
+    first.save_dir = dir;
+    s = RunLocal(2, [&](Comm& comm) {
+      return Train(comm, first, [&](const StepMetrics& m) { resumed.push_back(m.loss); });
+    });
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    TrainOptions second = t;
+    second.load_dir = dir;
+    s = RunLocal(2, [&](Comm& comm) {
+      return Train(comm, second, [&](const StepMetrics& m) { resumed.push_back(m.loss); });
+    });
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    ASSERT_EQ(resumed.size(), 4u);
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(resumed[i], straight.losses[i]) << AttentionModeName(mode) << " step " << i + 1;
+    std::filesystem::remove_all(dir);
+  }
+}
+
+TEST(TrainTest, CheckpointRoundTripAndCorruption) {
+  ModelConfig c;
+  ASSERT_TRUE(ModelPreset("tiny", &c).ok());
+  std::unique_ptr<Transformer> model, other;
+  ASSERT_TRUE(Transformer::Create(c, &model).ok());
+  model->InitWeights(7);
+  AdamW opt(*model, {});
+  for (size_t i = 0; i < opt.m().size(); ++i) {
+    opt.m()[i] = float(i % 13) * 0.5f;
+    opt.v()[i] = float(i % 7) * 0.25f;
+  }
+  opt.set_step(5);
+  const std::string dir = testing::ScratchDir("ckpt");
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(SaveCheckpoint(dir, *model, opt, {5, {5, 1, 2, 3}, 42}).ok());
+
+  ASSERT_TRUE(Transformer::Create(c, &other).ok());
+  AdamW opt2(*other, {});
+  TrainState st;
+  Status s = LoadCheckpoint(dir, other.get(), &opt2, &st);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(st.step, 5);
+  EXPECT_EQ(st.seed, 42u);
+  EXPECT_EQ(st.data.cursor, 2);
+  EXPECT_EQ(opt2.step(), 5);
+  EXPECT_EQ(std::memcmp(model->params(), other->params(), sizeof(float) * size_t(model->size())), 0);
+  EXPECT_EQ(opt.m(), opt2.m());
+  EXPECT_EQ(opt.v(), opt2.v());
+
+  // A different model shape is refused, and nothing is loaded.
+  ModelConfig wide = c;
+  wide.hidden = 128;
+  std::unique_ptr<Transformer> mismatched;
+  ASSERT_TRUE(Transformer::Create(wide, &mismatched).ok());
+  AdamW opt3(*mismatched, {});
+  s = LoadCheckpoint(dir, mismatched.get(), &opt3, &st);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("written for model"), std::string::npos) << s.message();
+
+  // A truncated weights file is refused before anything is copied.
+  const std::string weights = dir + "/step-00000005/model.safetensors";
+  std::filesystem::resize_file(weights, std::filesystem::file_size(weights) - 100);
+  std::unique_ptr<Transformer> fresh;
+  ASSERT_TRUE(Transformer::Create(c, &fresh).ok());
+  fresh->InitWeights(9);
+  std::vector<float> before(fresh->params(), fresh->params() + fresh->size());
+  AdamW opt4(*fresh, {});
+  s = LoadCheckpoint(dir, fresh.get(), &opt4, &st);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("model.safetensors"), std::string::npos) << s.message();
+  EXPECT_EQ(std::memcmp(before.data(), fresh->params(), sizeof(float) * before.size()), 0);
+
+  // Garbage state.json.
+  std::ofstream(dir + "/step-00000005/state.json") << "{not json";
+  s = LoadCheckpoint(dir, fresh.get(), &opt4, &st);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("state.json"), std::string::npos) << s.message();
+  EXPECT_FALSE(LoadCheckpoint(dir + "/missing", fresh.get(), &opt4, &st).ok());
+  std::filesystem::remove_all(dir);
+}
+
+TEST(TrainTest, SafetensorsRejectsBadHeaders) {
+  const std::string dir = testing::ScratchDir("st");
+  std::filesystem::create_directories(dir);
+  const float x[3] = {1, 2, 3};
+  ASSERT_TRUE(WriteSafetensors(dir + "/a.safetensors", {{"x", {3}, x}}, {{"k", "v"}}).ok());
+  SafetensorsFile f;
+  ASSERT_TRUE(ReadSafetensors(dir + "/a.safetensors", &f).ok());
+  ASSERT_NE(f.Find("x"), nullptr);
+  EXPECT_EQ(f.Find("x")->values, std::vector<float>({1, 2, 3}));
+  ASSERT_EQ(f.metadata.size(), 1u);
+  const auto write_raw = [&](const std::string& header, size_t data_bytes) {
+    std::ofstream out(dir + "/b.safetensors", std::ios::binary);
+    const uint64_t n = header.size();
+    out.write(reinterpret_cast<const char*>(&n), 8);
+    out << header << std::string(data_bytes, '\0');
+  };
+  write_raw(R"({"x":{"dtype":"F16","shape":[2],"data_offsets":[0,4]}})", 4);
+  EXPECT_FALSE(ReadSafetensors(dir + "/b.safetensors", &f).ok());
+  write_raw(R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,12]}})", 12);
+  EXPECT_FALSE(ReadSafetensors(dir + "/b.safetensors", &f).ok());
+  write_raw(R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 4);
+  EXPECT_FALSE(ReadSafetensors(dir + "/b.safetensors", &f).ok());
+  write_raw("[1,2", 0);
+  EXPECT_FALSE(ReadSafetensors(dir + "/b.safetensors", &f).ok());
+  std::filesystem::remove_all(dir);
+}
+
+TEST(TrainTest, BadOptionsAreRejected) {
+  TrainOptions t = TinyTrainOptions(2);
+  t.model.q_heads = 6;  // not a multiple of the 2 query groups... and 64 % 6 != 0
+  Status s = RunLocal(2, [&](Comm& comm) { return Train(comm, t, nullptr); });
+  EXPECT_FALSE(s.ok());
+  t = TinyTrainOptions(2);
+  t.tokens_per_rank = 64;
+  s = RunLocal(2, [&](Comm& comm) { return Train(comm, t, nullptr); });
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("smaller than one block"), std::string::npos) << s.message();
+  t = TinyTrainOptions(2);
+  t.servers = 2;
+  s = RunLocal(2, [&](Comm& comm) { return Train(comm, t, nullptr); });
+  EXPECT_FALSE(s.ok());
+}
+
+}  // namespace
+}  // namespace distca

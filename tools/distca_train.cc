@@ -1,0 +1,288 @@
+// distca-train: train a Llama-style model on packed documents, data-parallel
+// over ranks, with core attention colocated or disaggregated (CAD).
+//
+//   distca-train --model small --ranks 2 --docs-file data/demo-skewed.json --steps 3 --compare
+//   mpirun -np 2 distca-train --model tiny --data text:/usr/include --tokens-per-rank 4096
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/cli_checks.h"
+#include "common/timer.h"
+#include "distca/train.h"
+
+namespace {
+
+using distca::Status;
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "distca-train: %s\n", message.c_str());
+  return 2;
+}
+
+struct Args {
+  std::string preset = "small", data, data_glob, docs_file, attention = "cad", policy = "distca";
+  std::string backward = "stateless", ping_pong = "on", trace_file, json_log;
+  std::optional<int> num_layers, hidden, heads, groups, ffn, vocab;
+  std::optional<int> ranks;
+  bool compare = false;
+  distca::TrainOptions train;
+};
+
+std::string Duration(double s) {
+  const int t = static_cast<int>(s + 0.5);
+  return t >= 3600 ? fmt::format("{}:{:02}:{:02}", t / 3600, t / 60 % 60, t % 60) : fmt::format("{}:{:02}", t / 60, t % 60);
+}
+
+std::string Rate(double x) { return x >= 1e3 ? fmt::format("{:.2f}K", x * 1e-3) : fmt::format("{:.0f}", x); }
+
+nlohmann::json StepJson(const std::string& mode, const distca::StepMetrics& m) {
+  nlohmann::json ranks = nlohmann::json::array();
+  for (const auto& r : m.ranks)
+    ranks.push_back({{"rank", r.rank},     {"tokens", r.tokens},     {"attn_s", r.attn_s},
+                     {"linear_s", r.linear_s}, {"comm_s", r.comm_s}, {"wait_s", r.wait_s},
+                     {"busy_s", r.busy_s}, {"peak_rss_bytes", r.peak_rss_bytes}});
+  return {{"mode", mode},
+          {"step", m.step},
+          {"loss", m.loss},
+          {"step_s", m.step_s},
+          {"tokens_per_s", m.tokens_per_s},
+          {"load_max_over_mean", m.load_max_over_mean},
+          {"comm_bytes", m.comm_bytes},
+          {"lr", m.lr},
+          {"grad_norm", m.grad_norm},
+          {"documents", m.documents},
+          {"tokens", m.tokens},
+          {"ranks", ranks}};
+}
+
+// Per-rank means over a run's steps.
+struct RunSummary {
+  std::string mode;
+  std::vector<distca::StepMetrics> steps;
+  double MeanStep() const {
+    double s = 0;
+    for (const auto& m : steps) s += m.step_s;
+    return steps.empty() ? 0 : s / double(steps.size());
+  }
+  distca::RankStepMetrics MeanRank(size_t r) const {
+    distca::RankStepMetrics out;
+    out.rank = static_cast<int>(r);
+    for (const auto& m : steps) {
+      const auto& x = m.ranks[r];
+      out.tokens += x.tokens;
+      out.attn_s += x.attn_s;
+      out.linear_s += x.linear_s;
+      out.comm_s += x.comm_s;
+      out.wait_s += x.wait_s;
+      out.busy_s += x.busy_s;
+      out.peak_rss_bytes = std::max(out.peak_rss_bytes, x.peak_rss_bytes);
+    }
+    const double n = double(std::max<size_t>(1, steps.size()));
+    out.tokens = static_cast<int64_t>(double(out.tokens) / n);
+    out.attn_s /= n;
+    out.linear_s /= n;
+    out.comm_s /= n;
+    out.wait_s /= n;
+    out.busy_s /= n;
+    return out;
+  }
+};
+
+void PrintSummary(const RunSummary& run) {
+  if (run.steps.empty()) return;
+  fmt::print("\n{} summary over {} steps: mean step {:.3f} s, {} tok/s, final loss {:.4f}\n", run.mode,
+             run.steps.size(), run.MeanStep(), Rate(double(run.steps.back().tokens) / run.MeanStep()),
+             run.steps.back().loss);
+  fmt::print("{:>5} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10}\n", "rank", "tokens", "attn s", "linear s", "comm s",
+             "wait s", "busy s", "peak RSS");
+  for (size_t r = 0; r < run.steps.back().ranks.size(); ++r) {
+    const auto x = run.MeanRank(r);
+    fmt::print("{:>5} {:>8} {:>9.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>8.0f}MB\n", r, x.tokens, x.attn_s,
+               x.linear_s, x.comm_s, x.wait_s, x.busy_s, double(x.peak_rss_bytes) / (1 << 20));
+  }
+}
+
+void PrintComparison(const RunSummary& colocated, const RunSummary& cad) {
+  if (colocated.steps.empty() || cad.steps.empty()) return;
+  const size_t ranks = colocated.steps.back().ranks.size();
+  fmt::print("\ncolocated vs CAD, per-rank means over {} steps (seconds)\n", cad.steps.size());
+  fmt::print("{:>5} | {:>8} {:>8} {:>8} | {:>8} {:>8} {:>8}\n", "rank", "attn", "linear", "wait", "attn", "linear",
+             "wait");
+  double busy = 0;
+  for (size_t r = 0; r < ranks; ++r) {
+    const auto a = colocated.MeanRank(r);
+    const auto b = r < cad.steps.back().ranks.size() ? cad.MeanRank(r) : distca::RankStepMetrics{};
+    busy += a.busy_s;
+    fmt::print("{:>5} | {:>8.3f} {:>8.3f} {:>8.3f} | {:>8.3f} {:>8.3f} {:>8.3f}\n", r, a.attn_s, a.linear_s, a.wait_s,
+               b.attn_s, b.linear_s, b.wait_s);
+  }
+  const double ideal = busy / double(ranks);
+  fmt::print("step time: colocated {:.3f} s, CAD {:.3f} s, ideal balanced {:.3f} s (mean colocated busy time)\n",
+             colocated.MeanStep(), cad.MeanStep(), ideal);
+  fmt::print("speedup of CAD over colocated: {:.2f}x (CAD at {:.2f}x the ideal)\n",
+             colocated.MeanStep() / cad.MeanStep(), cad.MeanStep() / ideal);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"distca-train: train a Llama-style model with colocated or disaggregated core attention"};
+  Args a;
+  distca::TrainOptions& t = a.train;
+  const auto pos = distca::cli::kPositive;
+  const auto nonneg = distca::cli::kNonNegative;
+  app.add_option("--model", a.preset, "preset: tiny, small, llama3-8b, llama-34b (Default: small)");
+  app.add_option("--num-layers", a.num_layers, "override the preset's layers")->check(pos);
+  app.add_option("--hidden-size", a.hidden, "override the hidden size")->check(pos);
+  app.add_option("--num-attention-heads", a.heads, "override the query heads")->check(pos);
+  app.add_option("--num-query-groups", a.groups, "override the KV heads (GQA groups)")->check(pos);
+  app.add_option("--ffn-hidden-size", a.ffn, "override the MLP width")->check(pos);
+  app.add_option("--vocab-size", a.vocab, "override the vocabulary (Default: 256, bytes)")->check(pos);
+  app.add_option("--data", a.data, "text:DIR, indexed:PREFIX or synthetic:LENGTHS.json");
+  app.add_option("--data-glob", a.data_glob, "text: only files whose relative path matches (e.g. '*.h')");
+  app.add_option("--docs-file", a.docs_file, "JSON {\"batches\": [[len, ...], ...]}: step i uses batch i's lengths")
+      ->check(CLI::ExistingFile);
+  app.add_option("--max-doc-len", t.data.max_doc_len, "cut longer documents (Default: no cap)")->check(nonneg);
+  app.add_option("--upsample", t.data.recipe.upsample, "synthetic: copies of each long document (Default: 1)")
+      ->check(pos);
+  app.add_option("--filter-ratio", t.data.recipe.filter_ratio, "synthetic: share of short documents kept (Default: 1)")
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--elongate", t.data.recipe.elongate, "synthetic: length multiplier (Default: 1)")->check(pos);
+  app.add_option("--tokens-per-rank", t.tokens_per_rank,
+                 "tokens per rank per step (Default: with --docs-file the batch total / ranks)")
+      ->check(pos);
+  app.add_option("--steps", t.steps, "train until this step (Default: 10)")->check(pos);
+  app.add_option("--lr", t.lr, "peak learning rate (Default: 3e-4)")->check(pos);
+  app.add_option("--min-lr", t.min_lr, "learning rate at the end of the cosine (Default: 3e-5)")->check(nonneg);
+  app.add_option("--warmup-steps", t.warmup_steps, "linear warmup steps (Default: 0)")->check(nonneg);
+  app.add_option("--lr-decay-steps", t.lr_decay_steps, "cosine length in steps (Default: --steps)")->check(nonneg);
+  app.add_option("--clip-grad", t.grad_clip, "global gradient-norm clip, 0 = off (Default: 1)")->check(nonneg);
+  app.add_option("--weight-decay", t.adamw.weight_decay, "AdamW weight decay (Default: 0.1)")->check(nonneg);
+  app.add_option("--seed", t.seed, "weights and data (Default: 1234)");
+  app.add_option("--attention", a.attention, "colocated or cad (Default: cad)");
+  app.add_flag("--compare", a.compare, "run the steps colocated, then again with CAD, and compare");
+  app.add_option("--policy", a.policy, "CAD planner policy: colocated, paper, distca (Default: distca)");
+  app.add_option("--tolerance", t.tolerance, "CAD eps: max load <= (1 + eps) mean (Default: 0.05)")->check(nonneg);
+  app.add_option("--servers", t.servers, "CAD dedicated attention servers among the ranks (Default: 0)")
+      ->check(nonneg);
+  app.add_option("--backward-mode", a.backward, "stateless or cached (Default: stateless)")
+      ->check(CLI::IsMember({"stateless", "cached"}));
+  app.add_option("--ping-pong", a.ping_pong, "on or off (Default: on)")->check(CLI::IsMember({"on", "off"}));
+  app.add_option("--block", t.block, "CA-task granularity in tokens (Default: 128)")->check(pos);
+  app.add_option("--ranks", a.ranks, "ranks as threads of this process (Default: 1; under mpirun: the MPI ranks)")
+      ->check(pos);
+  app.add_option("--threads", t.threads, "OpenMP threads per rank (Default: 1)")->check(pos);
+  app.add_option("--save", t.save_dir, "checkpoint directory");
+  app.add_option("--save-every", t.save_every, "save every N steps (Default: only at the end)")->check(nonneg);
+  app.add_option("--load", t.load_dir, "resume from a checkpoint directory");
+  app.add_option("--trace", a.trace_file, "write a Chrome trace (under MPI rank r > 0 writes FILE.rank<r>)");
+  app.add_option("--json-log", a.json_log, "append one JSON object per step to this file");
+  CLI11_PARSE(app, argc, argv);
+
+  Status s = distca::ModelPreset(a.preset, &t.model);
+  if (!s.ok()) return Fail(s.message());
+  if (a.num_layers) t.model.num_layers = *a.num_layers;
+  if (a.hidden) t.model.hidden = *a.hidden;
+  if (a.heads) t.model.q_heads = *a.heads;
+  if (a.groups) t.model.kv_heads = *a.groups;
+  if (a.ffn) t.model.ffn_hidden = *a.ffn;
+  if (a.vocab) t.model.vocab_size = *a.vocab;
+  if (a.data.empty() == a.docs_file.empty()) return Fail("give exactly one of --data and --docs-file");
+  t.data.spec = a.data;
+  t.data.glob = a.data_glob;
+  t.data.docs_file = a.docs_file;
+  s = distca::ParseAttentionMode(a.attention, &t.attention);
+  if (s.ok()) s = distca::ParsePlanPolicy(a.policy, &t.policy);
+  if (!s.ok()) return Fail(s.message());
+  t.backward = a.backward == "cached" ? distca::BackwardMode::kCached : distca::BackwardMode::kStateless;
+  t.ping_pong = a.ping_pong == "on";
+  if (a.compare && !t.load_dir.empty()) return Fail("--compare starts both runs from scratch; drop --load");
+  if (a.compare && !t.save_dir.empty()) return Fail("--compare does not save; drop --save");
+
+  distca::CommOptions comm_options;
+  if (distca::LaunchedByMpirun()) {
+    comm_options.backend = distca::CommOptions::Backend::kMpi;
+  } else {
+    comm_options.backend = distca::CommOptions::Backend::kLocal;
+    comm_options.local_ranks = a.ranks.value_or(1);
+  }
+
+  std::FILE* log = nullptr;
+  distca::Tracer tracer;
+  if (!a.trace_file.empty()) t.tracer = &tracer;
+  std::vector<RunSummary> runs;
+  std::mutex print_mu;
+  std::vector<distca::TrainOptions> variants;
+  if (a.compare) {
+    variants.push_back(t);
+    variants.back().attention = distca::AttentionMode::kColocated;
+    variants.back().servers = 0;
+    variants.push_back(t);
+    variants.back().attention = distca::AttentionMode::kCad;
+  } else {
+    variants.push_back(t);
+  }
+
+  s = distca::RunOnRanks(comm_options, [&](distca::Comm& comm) -> Status {
+    const bool root = comm.rank() == 0;
+    if (root && !a.json_log.empty()) {
+      log = std::fopen(a.json_log.c_str(), "a");
+      if (log == nullptr) return Status::IoError("cannot open --json-log " + a.json_log);
+    }
+    for (const distca::TrainOptions& v : variants) {
+      const std::string mode = distca::AttentionModeName(v.attention);
+      if (root) {
+        runs.push_back({mode, {}});
+        fmt::print("distca-train: {} model ({} layers, hidden {}, heads {}x{}, ffn {}), {} ranks ({} backend), {}",
+                   v.model.name, v.model.num_layers, v.model.hidden, v.model.q_heads, v.model.kv_heads,
+                   v.model.ffn_hidden, comm.size(), comm.backend(), mode);
+        if (v.attention == distca::AttentionMode::kCad)
+          fmt::print(" (policy {}, eps {}, {} backward, ping-pong {}{})", distca::PlanPolicyName(v.policy),
+                     v.tolerance, v.backward == distca::BackwardMode::kCached ? "cached" : "stateless",
+                     v.ping_pong ? "on" : "off", v.servers > 0 ? fmt::format(", {} dedicated servers", v.servers) : "");
+        fmt::print("\n");
+        std::fflush(stdout);
+      }
+      distca::WallTimer elapsed;
+      int64_t first_step = -1;
+      DISTCA_RETURN_IF_ERROR(distca::Train(comm, v, [&](const distca::StepMetrics& m) {
+        std::lock_guard<std::mutex> lock(print_mu);
+        if (first_step < 0) first_step = m.step;
+        runs.back().steps.push_back(m);
+        const double done = double(m.step - first_step + 1), left = double(v.steps - m.step);
+        fmt::print("[{}] step {}/{}  loss {:.4f}  {} tok/s  step {:.2f} s  balance {:.3f}  comm {:.1f} MB  "
+                   "elapsed {}  remaining {}\n",
+                   mode, m.step, v.steps, m.loss, Rate(m.tokens_per_s), m.step_s, m.load_max_over_mean,
+                   double(m.comm_bytes) * 1e-6, Duration(elapsed.Seconds()),
+                   Duration(elapsed.Seconds() / done * left));
+        std::fflush(stdout);
+        if (log != nullptr) {
+          std::fprintf(log, "%s\n", StepJson(mode, m).dump().c_str());
+          std::fflush(log);
+        }
+      }));
+    }
+    if (!a.trace_file.empty() && std::string(comm.backend()) == "mpi")
+      DISTCA_RETURN_IF_ERROR(
+          tracer.WriteChromeJson(root ? a.trace_file : fmt::format("{}.rank{}", a.trace_file, comm.rank())));
+    return Status::Ok();
+  });
+  if (log != nullptr) std::fclose(log);
+  if (!s.ok()) return Fail(s.message());
+  if (!a.trace_file.empty() && !distca::LaunchedByMpirun()) {
+    s = tracer.WriteChromeJson(a.trace_file);
+    if (!s.ok()) return Fail(s.message());
+  }
+  for (const RunSummary& run : runs) PrintSummary(run);
+  if (a.compare && runs.size() == 2) PrintComparison(runs[0], runs[1]);
+  return 0;
+}
