@@ -6,7 +6,9 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -236,7 +238,7 @@ int main(int argc, char** argv) {
     const bool root = comm.rank() == 0;
     if (root && !a.json_log.empty()) {
       log = std::fopen(a.json_log.c_str(), "a");
-      if (log == nullptr) return Status::IoError("cannot open --json-log " + a.json_log);
+      if (log == nullptr) return Status::IoError("cannot open --json-log " + a.json_log + ": " + std::strerror(errno));
     }
     for (const distca::TrainOptions& v : variants) {
       const std::string mode = distca::AttentionModeName(v.attention);
