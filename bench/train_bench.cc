@@ -57,19 +57,28 @@ Status ColocatedWorkRatio(const std::vector<int64_t>& lengths, int ranks, const 
   return Status::Ok();
 }
 
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n == 0 ? 0.0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 struct Run {
-  std::vector<StepMetrics> steps;  // after the warm-up step
-  double MeanStep() const {
-    double s = 0;
-    for (const auto& m : steps) s += m.step_s;
-    return s / double(steps.size());
+  std::vector<StepMetrics> steps;  // after each run's warm-up step, over all repetitions
+  double MedianStep() const {
+    std::vector<double> v;
+    for (const auto& m : steps) v.push_back(m.step_s);
+    return Median(v);
   }
-  // Mean over steps of the mean over ranks of busy time.
-  double MeanBusy() const {
-    double s = 0;
-    for (const auto& m : steps)
+  // Median over steps of the mean over ranks of busy time.
+  double MedianBusy() const {
+    std::vector<double> v;
+    for (const auto& m : steps) {
+      double s = 0;
       for (const auto& r : m.ranks) s += r.busy_s / double(m.ranks.size());
-    return s / double(steps.size());
+      v.push_back(s);
+    }
+    return Median(v);
   }
   double RssMaxOverMin() const {
     double worst = 1.0;
@@ -97,7 +106,8 @@ bool RunTrainBench(const TrainBenchOptions& o, std::string* error) {
   CommOptions co;
   co.local_ranks = o.local_ranks;
   const int64_t tokens_per_rank = o.short_mode ? 2048 : 8192;
-  const int steps = o.short_mode ? 2 : 4;  // the first is a warm-up, not counted
+  const int steps = o.short_mode ? 2 : 4;  // the first of each run is a warm-up, not counted
+  const int reps = o.short_mode ? 1 : 2;
   Status s = RunOnRanks(co, [&](Comm& comm) -> Status {
     const bool root = comm.rank() == 0;
     TrainOptions base;
@@ -106,26 +116,30 @@ bool RunTrainBench(const TrainBenchOptions& o, std::string* error) {
     base.threads = 1;
     base.tokens_per_rank = tokens_per_rank;
     if (root && !o.json)
-      fmt::print("distca-bench train: {} backend, {} ranks, model {} ({} layers, hidden {}, heads {}x{}), {} tokens "
-                 "per rank, {} timed steps after one warm-up\n\n{:>11} {:>9} {:>10} {:>8} {:>8} {:>10} {:>9} "
-                 "{:>10} {:>10}\n",
-                 comm.backend(), comm.size(), base.model.name, base.model.num_layers, base.model.hidden,
-                 base.model.q_heads, base.model.kv_heads, tokens_per_rank, steps - 1, "mix", "work x", "colocated",
-                 "CAD", "ideal", "CAD/ideal", "speedup", "RSS max/min", "peak RSS");
+      fmt::print(
+          "distca-bench train: {} backend, {} ranks, model {} ({} layers, hidden {}, heads {}x{}), {} tokens "
+          "per rank, median of {} runs x {} steps after a warm-up step\n\n{:>11} {:>9} {:>10} {:>8} {:>8} {:>10} {:>9} "
+          "{:>10} {:>10}\n",
+          comm.backend(), comm.size(), base.model.name, base.model.num_layers, base.model.hidden, base.model.q_heads,
+          base.model.kv_heads, tokens_per_rank, reps, steps - 1, "mix", "work x", "colocated", "CAD", "ideal",
+          "CAD/ideal", "speedup", "RSS max/min", "peak RSS");
     for (const Mix& mix : Mixes(comm.size(), tokens_per_rank)) {
       double work_ratio = 1.0;
       DISTCA_RETURN_IF_ERROR(ColocatedWorkRatio(mix.lengths, comm.size(), base.model, &work_ratio));
+      // Repetitions alternate which mode runs first, so that neither always
+      // meets a cold or a warm machine; medians damp the noise of shared cores.
       Run runs[2];
-      for (int mode = 0; mode < 2; ++mode) {
-        TrainOptions t = base;
-        t.attention = mode == 0 ? AttentionMode::kColocated : AttentionMode::kCad;
-        t.data.batches = {mix.lengths};
-        DISTCA_RETURN_IF_ERROR(Train(comm, t, [&](const StepMetrics& m) {
-          if (m.step > 1) runs[mode].steps.push_back(m);
-        }).WithContext(fmt::format("mix {}, {}", mix.name, AttentionModeName(t.attention))));
-      }
+      for (int rep = 0; rep < reps; ++rep)
+        for (int mode : {rep % 2, 1 - rep % 2}) {
+          TrainOptions t = base;
+          t.attention = mode == 0 ? AttentionMode::kColocated : AttentionMode::kCad;
+          t.data.batches = {mix.lengths};
+          DISTCA_RETURN_IF_ERROR(Train(comm, t, [&](const StepMetrics& m) {
+                                   if (m.step > 1) runs[mode].steps.push_back(m);
+                                 }).WithContext(fmt::format("mix {}, {}", mix.name, AttentionModeName(t.attention))));
+        }
       if (!root) continue;
-      const double colocated = runs[0].MeanStep(), cad = runs[1].MeanStep(), ideal = runs[0].MeanBusy();
+      const double colocated = runs[0].MedianStep(), cad = runs[1].MedianStep(), ideal = runs[0].MedianBusy();
       if (o.json) {
         const nlohmann::json j = {{"backend", comm.backend()},
                                   {"ranks", comm.size()},
@@ -144,15 +158,17 @@ bool RunTrainBench(const TrainBenchOptions& o, std::string* error) {
         fmt::print("{}\n", j.dump());
       } else {
         fmt::print("{:>11} {:>8.1f}x {:>9.3f}s {:>7.3f}s {:>7.3f}s {:>10.3f} {:>8.2f}x {:>10.3f} {:>8.0f}MB\n",
-                   mix.name, work_ratio, colocated, cad, ideal, cad / ideal, colocated / cad,
-                   runs[1].RssMaxOverMin(), double(runs[1].MaxRss()) / (1 << 20));
+                   mix.name, work_ratio, colocated, cad, ideal, cad / ideal, colocated / cad, runs[1].RssMaxOverMin(),
+                   double(runs[1].MaxRss()) / (1 << 20));
       }
       std::fflush(stdout);
     }
     if (root && !o.json)
-      fmt::print("\nwork x: colocated attention work, max rank / min rank. ideal: mean over ranks of colocated busy "
-                 "(thread CPU) time.\nRSS: per-step process peaks; with the local backend all ranks share one "
-                 "process.\n");
+      fmt::print(
+          "\nwork x: colocated attention work, max rank / min rank. ideal: mean over ranks of colocated busy "
+          "(thread CPU) time; times are medians.\nRSS: per-step process peaks; with the local backend all ranks share "
+          "one "
+          "process.\n");
     return Status::Ok();
   });
   if (!s.ok()) *error = s.ToString();

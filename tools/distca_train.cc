@@ -41,7 +41,8 @@ struct Args {
 
 std::string Duration(double s) {
   const int t = static_cast<int>(s + 0.5);
-  return t >= 3600 ? fmt::format("{}:{:02}:{:02}", t / 3600, t / 60 % 60, t % 60) : fmt::format("{}:{:02}", t / 60, t % 60);
+  return t >= 3600 ? fmt::format("{}:{:02}:{:02}", t / 3600, t / 60 % 60, t % 60)
+                   : fmt::format("{}:{:02}", t / 60, t % 60);
 }
 
 std::string Rate(double x) { return x >= 1e3 ? fmt::format("{:.2f}K", x * 1e-3) : fmt::format("{:.0f}", x); }
@@ -49,9 +50,14 @@ std::string Rate(double x) { return x >= 1e3 ? fmt::format("{:.2f}K", x * 1e-3) 
 nlohmann::json StepJson(const std::string& mode, const distca::StepMetrics& m) {
   nlohmann::json ranks = nlohmann::json::array();
   for (const auto& r : m.ranks)
-    ranks.push_back({{"rank", r.rank},     {"tokens", r.tokens},     {"attn_s", r.attn_s},
-                     {"linear_s", r.linear_s}, {"comm_s", r.comm_s}, {"wait_s", r.wait_s},
-                     {"busy_s", r.busy_s}, {"peak_rss_bytes", r.peak_rss_bytes}});
+    ranks.push_back({{"rank", r.rank},
+                     {"tokens", r.tokens},
+                     {"attn_s", r.attn_s},
+                     {"linear_s", r.linear_s},
+                     {"comm_s", r.comm_s},
+                     {"wait_s", r.wait_s},
+                     {"busy_s", r.busy_s},
+                     {"peak_rss_bytes", r.peak_rss_bytes}});
   return {{"mode", mode},
           {"step", m.step},
           {"loss", m.loss},
@@ -66,10 +72,16 @@ nlohmann::json StepJson(const std::string& mode, const distca::StepMetrics& m) {
           {"ranks", ranks}};
 }
 
-// Per-rank means over a run's steps.
+// Per-rank means over a run's steps, leaving out the first (warm-up: oneDNN
+// JIT, first-touch page faults) when there are others.
 struct RunSummary {
   std::string mode;
-  std::vector<distca::StepMetrics> steps;
+  std::vector<distca::StepMetrics> all_steps;
+  std::vector<distca::StepMetrics> steps;  // the ones averaged
+  void Add(const distca::StepMetrics& m) {
+    all_steps.push_back(m);
+    steps.assign(all_steps.begin() + (all_steps.size() > 1 ? 1 : 0), all_steps.end());
+  }
   double MeanStep() const {
     double s = 0;
     for (const auto& m : steps) s += m.step_s;
@@ -101,9 +113,9 @@ struct RunSummary {
 
 void PrintSummary(const RunSummary& run) {
   if (run.steps.empty()) return;
-  fmt::print("\n{} summary over {} steps: mean step {:.3f} s, {} tok/s, final loss {:.4f}\n", run.mode,
-             run.steps.size(), run.MeanStep(), Rate(double(run.steps.back().tokens) / run.MeanStep()),
-             run.steps.back().loss);
+  fmt::print("\n{} summary over {} steps{}: mean step {:.3f} s, {} tok/s, final loss {:.4f}\n", run.mode,
+             run.steps.size(), run.all_steps.size() > 1 ? " (after the warm-up step)" : "", run.MeanStep(),
+             Rate(double(run.steps.back().tokens) / run.MeanStep()), run.steps.back().loss);
   fmt::print("{:>5} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10}\n", "rank", "tokens", "attn s", "linear s", "comm s",
              "wait s", "busy s", "peak RSS");
   for (size_t r = 0; r < run.steps.back().ranks.size(); ++r) {
@@ -116,7 +128,7 @@ void PrintSummary(const RunSummary& run) {
 void PrintComparison(const RunSummary& colocated, const RunSummary& cad) {
   if (colocated.steps.empty() || cad.steps.empty()) return;
   const size_t ranks = colocated.steps.back().ranks.size();
-  fmt::print("\ncolocated vs CAD, per-rank means over {} steps (seconds)\n", cad.steps.size());
+  fmt::print("\ncolocated vs CAD, per-rank means over {} steps after the warm-up step (seconds)\n", cad.steps.size());
   fmt::print("{:>5} | {:>8} {:>8} {:>8} | {:>8} {:>8} {:>8}\n", "rank", "attn", "linear", "wait", "attn", "linear",
              "wait");
   double busy = 0;
@@ -174,8 +186,7 @@ int main(int argc, char** argv) {
   app.add_flag("--compare", a.compare, "run the steps colocated, then again with CAD, and compare");
   app.add_option("--policy", a.policy, "CAD planner policy: colocated, paper, distca (Default: distca)");
   app.add_option("--tolerance", t.tolerance, "CAD eps: max load <= (1 + eps) mean (Default: 0.05)")->check(nonneg);
-  app.add_option("--servers", t.servers, "CAD dedicated attention servers among the ranks (Default: 0)")
-      ->check(nonneg);
+  app.add_option("--servers", t.servers, "CAD dedicated attention servers among the ranks (Default: 0)")->check(nonneg);
   app.add_option("--backward-mode", a.backward, "stateless or cached (Default: stateless)")
       ->check(CLI::IsMember({"stateless", "cached"}));
   app.add_option("--ping-pong", a.ping_pong, "on or off (Default: on)")->check(CLI::IsMember({"on", "off"}));
@@ -243,14 +254,14 @@ int main(int argc, char** argv) {
     for (const distca::TrainOptions& v : variants) {
       const std::string mode = distca::AttentionModeName(v.attention);
       if (root) {
-        runs.push_back({mode, {}});
+        runs.push_back({mode, {}, {}});
         fmt::print("distca-train: {} model ({} layers, hidden {}, heads {}x{}, ffn {}), {} ranks ({} backend), {}",
                    v.model.name, v.model.num_layers, v.model.hidden, v.model.q_heads, v.model.kv_heads,
                    v.model.ffn_hidden, comm.size(), comm.backend(), mode);
         if (v.attention == distca::AttentionMode::kCad)
-          fmt::print(" (policy {}, eps {}, {} backward, ping-pong {}{})", distca::PlanPolicyName(v.policy),
-                     v.tolerance, v.backward == distca::BackwardMode::kCached ? "cached" : "stateless",
-                     v.ping_pong ? "on" : "off", v.servers > 0 ? fmt::format(", {} dedicated servers", v.servers) : "");
+          fmt::print(" (policy {}, eps {}, {} backward, ping-pong {}{})", distca::PlanPolicyName(v.policy), v.tolerance,
+                     v.backward == distca::BackwardMode::kCached ? "cached" : "stateless", v.ping_pong ? "on" : "off",
+                     v.servers > 0 ? fmt::format(", {} dedicated servers", v.servers) : "");
         fmt::print("\n");
         std::fflush(stdout);
       }
@@ -259,13 +270,13 @@ int main(int argc, char** argv) {
       DISTCA_RETURN_IF_ERROR(distca::Train(comm, v, [&](const distca::StepMetrics& m) {
         std::lock_guard<std::mutex> lock(print_mu);
         if (first_step < 0) first_step = m.step;
-        runs.back().steps.push_back(m);
+        runs.back().Add(m);
         const double done = double(m.step - first_step + 1), left = double(v.steps - m.step);
-        fmt::print("[{}] step {}/{}  loss {:.4f}  {} tok/s  step {:.2f} s  balance {:.3f}  comm {:.1f} MB  "
-                   "elapsed {}  remaining {}\n",
-                   mode, m.step, v.steps, m.loss, Rate(m.tokens_per_s), m.step_s, m.load_max_over_mean,
-                   double(m.comm_bytes) * 1e-6, Duration(elapsed.Seconds()),
-                   Duration(elapsed.Seconds() / done * left));
+        fmt::print(
+            "[{}] step {}/{}  loss {:.4f}  {} tok/s  step {:.2f} s  balance {:.3f}  comm {:.1f} MB  "
+            "elapsed {}  remaining {}\n",
+            mode, m.step, v.steps, m.loss, Rate(m.tokens_per_s), m.step_s, m.load_max_over_mean,
+            double(m.comm_bytes) * 1e-6, Duration(elapsed.Seconds()), Duration(elapsed.Seconds() / done * left));
         std::fflush(stdout);
         if (log != nullptr) {
           std::fprintf(log, "%s\n", StepJson(mode, m).dump().c_str());

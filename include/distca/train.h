@@ -34,55 +34,55 @@ Status ParseAttentionMode(std::string_view name, AttentionMode* mode);
 
 struct TrainOptions {
   ModelConfig model;
-  DataOptions data;                // tokens_per_batch is set from tokens_per_rank
-  int64_t tokens_per_rank = 0;     // 0: only with a docs file (batch total / ranks)
-  int64_t steps = 10;              // train until this step (a resumed run continues to it)
-  float lr = 3e-4f;                // peak learning rate. Default: 3e-4
-  float min_lr = 3e-5f;            // end of the cosine. Default: 3e-5
-  int64_t warmup_steps = 0;        // Default: 0
-  int64_t lr_decay_steps = 0;      // cosine length. 0 = steps. Default: 0
-  double grad_clip = 1.0;          // global norm; 0 = off. Default: 1
+  DataOptions data;             // tokens_per_batch is set from tokens_per_rank
+  int64_t tokens_per_rank = 0;  // 0: only with a docs file (batch total / ranks)
+  int64_t steps = 10;           // train until this step (a resumed run continues to it)
+  float lr = 3e-4f;             // peak learning rate. Default: 3e-4
+  float min_lr = 3e-5f;         // end of the cosine. Default: 3e-5
+  int64_t warmup_steps = 0;     // Default: 0
+  int64_t lr_decay_steps = 0;   // cosine length. 0 = steps. Default: 0
+  double grad_clip = 1.0;       // global norm; 0 = off. Default: 1
   AdamWOptions adamw;
-  uint64_t seed = 1234;            // weights and data. Default: 1234
+  uint64_t seed = 1234;  // weights and data. Default: 1234
 
   AttentionMode attention = AttentionMode::kCad;
-  PlanPolicy policy = PlanPolicy::kDistca;              // CAD. Default: distca
-  double tolerance = 0.05;                              // CAD eps. Default: 0.05
-  int servers = 0;                                      // CAD dedicated attention servers. Default: 0
-  BackwardMode backward = BackwardMode::kStateless;     // CAD. Default: stateless
-  bool ping_pong = true;                                // CAD. Default: on
-  int64_t block = 128;                                  // task granularity. Default: 128
+  PlanPolicy policy = PlanPolicy::kDistca;           // CAD. Default: distca
+  double tolerance = 0.05;                           // CAD eps. Default: 0.05
+  int servers = 0;                                   // CAD dedicated attention servers. Default: 0
+  BackwardMode backward = BackwardMode::kStateless;  // CAD. Default: stateless
+  bool ping_pong = true;                             // CAD. Default: on
+  int64_t block = 128;                               // task granularity. Default: 128
 
-  int threads = 1;                 // OpenMP threads per rank (GEMMs, CA engine). Default: 1
-  std::string save_dir;            // checkpoints (docs/checkpoint_format.md); "" = none
-  int64_t save_every = 0;          // 0 = only at the end (when save_dir is set)
-  std::string load_dir;            // resume from this checkpoint
-  Tracer* tracer = nullptr;        // Chrome trace of compute and comm spans
+  int threads = 1;           // OpenMP threads per rank (GEMMs, CA engine). Default: 1
+  std::string save_dir;      // checkpoints (docs/checkpoint_format.md); "" = none
+  int64_t save_every = 0;    // 0 = only at the end (when save_dir is set)
+  std::string load_dir;      // resume from this checkpoint
+  Tracer* tracer = nullptr;  // Chrome trace of compute and comm spans
 };
 
 // One rank's share of a step. Times are seconds of this step.
 struct RankStepMetrics {
   int rank = 0;
-  int64_t tokens = 0;           // tokens this rank holds for the linear layers
-  double attn_s = 0.0;          // running CA tasks as a server
-  double linear_s = 0.0;        // the model's layers other than core attention
-  double comm_s = 0.0;          // attention transfers (posting to completion) + gradient all-reduce
-  double wait_s = 0.0;          // blocked: transfers not hidden + waiting for the slowest rank in the all-reduce
-  double busy_s = 0.0;          // thread CPU time of the rank's compute thread (excludes the all-reduce)
-  int64_t peak_rss_bytes = 0;   // peak resident set of the process during the step (local ranks share one)
+  int64_t tokens = 0;          // tokens this rank holds for the linear layers
+  double attn_s = 0.0;         // running CA tasks as a server
+  double linear_s = 0.0;       // the model's layers other than core attention
+  double comm_s = 0.0;         // attention transfers (posting to completion) + gradient all-reduce
+  double wait_s = 0.0;         // blocked: transfers not hidden + waiting for the slowest rank in the all-reduce
+  double busy_s = 0.0;         // thread CPU time of the rank's compute thread (excludes the all-reduce)
+  int64_t peak_rss_bytes = 0;  // peak resident set of the process during the step (local ranks share one)
 };
 
 struct StepMetrics {
-  int64_t step = 0;             // 1-based
-  double loss = 0.0;            // mean next-token cross-entropy (nats) over the global batch
-  double step_s = 0.0;          // slowest rank's wall time of the step
-  double tokens_per_s = 0.0;    // global tokens / step_s
+  int64_t step = 0;                 // 1-based
+  double loss = 0.0;                // mean next-token cross-entropy (nats) over the global batch
+  double step_s = 0.0;              // slowest rank's wall time of the step
+  double tokens_per_s = 0.0;        // global tokens / step_s
   double load_max_over_mean = 1.0;  // CA FLOPs per server, max / mean (from the plans)
-  int64_t comm_bytes = 0;       // attention bytes moved (all ranks, sent)
+  int64_t comm_bytes = 0;           // attention bytes moved (all ranks, sent)
   double lr = 0.0;
-  double grad_norm = 0.0;       // before clipping
+  double grad_norm = 0.0;  // before clipping
   int64_t documents = 0;
-  int64_t tokens = 0;           // global batch
+  int64_t tokens = 0;                  // global batch
   std::vector<RankStepMetrics> ranks;  // complete on rank 0 only
 };
 

@@ -40,8 +40,8 @@ std::vector<NamedTensor> Tensors(const std::vector<ParamTensor>& layout, const f
 Status Unpack(const SafetensorsFile& file, const std::vector<ParamTensor>& layout, const std::string& prefix,
               const std::string& path, float* dst) {
   if (file.tensors.size() != layout.size())
-    return Status::InvalidArgument(fmt::format("{} holds {} tensors, the model has {}: written for another model",
-                                               path, file.tensors.size(), layout.size()));
+    return Status::InvalidArgument(fmt::format("{} holds {} tensors, the model has {}: written for another model", path,
+                                               file.tensors.size(), layout.size()));
   for (const ParamTensor& t : layout) {
     const SafetensorsFile::Entry* e = file.Find(prefix + t.name);
     if (e == nullptr) return Status::InvalidArgument(fmt::format("{} has no tensor '{}'", path, prefix + t.name));
@@ -125,11 +125,13 @@ Status ReadSafetensors(const std::string& path, SafetensorsFile* file) {
     if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") || !entry.contains("data_offsets"))
       return Status::InvalidArgument(where + " lacks dtype, shape or data_offsets");
     if (entry["dtype"] != "F32")
-      return Status::InvalidArgument(fmt::format("{} has dtype {}; only F32 is supported", where, entry["dtype"].dump()));
+      return Status::InvalidArgument(
+          fmt::format("{} has dtype {}; only F32 is supported", where, entry["dtype"].dump()));
     SafetensorsFile::Entry e;
     uint64_t count = 1;
     for (const json& d : entry["shape"]) {
-      if (!d.is_number_unsigned()) return Status::InvalidArgument(where + ": shape entries must be non-negative integers");
+      if (!d.is_number_unsigned())
+        return Status::InvalidArgument(where + ": shape entries must be non-negative integers");
       e.shape.push_back(d.get<int64_t>());
       count *= d.get<uint64_t>();
     }
@@ -138,8 +140,9 @@ Status ReadSafetensors(const std::string& path, SafetensorsFile* file) {
       return Status::InvalidArgument(where + ": data_offsets must be two non-negative integers");
     const uint64_t begin = off[0], end = off[1];
     if (begin > end || end > data_size || end - begin != count * sizeof(float))
-      return Status::InvalidArgument(fmt::format("{}: data_offsets [{}, {}) do not match its shape or the file's {} data bytes",
-                                                 where, begin, end, data_size));
+      return Status::InvalidArgument(
+          fmt::format("{}: data_offsets [{}, {}) do not match its shape or the file's {} data bytes", where, begin, end,
+                      data_size));
     e.values.resize(count);
     if (count > 0) std::memcpy(e.values.data(), data + begin, end - begin);
     ranges.emplace_back(begin, end);
@@ -174,21 +177,26 @@ Status SaveCheckpoint(const std::string& dir, const Transformer& model, const Ad
                                           {{"format", kFormat}, {"step", step}}));
   std::vector<NamedTensor> moments = Tensors(layout, optimizer.m().data(), "m.");
   for (NamedTensor& t : Tensors(layout, optimizer.v().data(), "v.")) moments.push_back(t);
-  DISTCA_RETURN_IF_ERROR(WriteSafetensors((tmp / "optimizer.safetensors").string(), moments,
-                                          {{"format", kFormat}, {"step", step}}));
+  DISTCA_RETURN_IF_ERROR(
+      WriteSafetensors((tmp / "optimizer.safetensors").string(), moments, {{"format", kFormat}, {"step", step}}));
   const json j = {{"format", kFormat},
                   {"step", state.step},
                   {"seed", state.seed},
                   {"optimizer_step", optimizer.step()},
-                  {"data", {{"step", state.data.step}, {"epoch", state.data.epoch},
-                            {"cursor", state.data.cursor}, {"offset", state.data.offset}}},
+                  {"data",
+                   {{"step", state.data.step},
+                    {"epoch", state.data.epoch},
+                    {"cursor", state.data.cursor},
+                    {"offset", state.data.offset}}},
                   {"model", ConfigJson(model.config())},
                   {"parameters", model.size()}};
   DISTCA_RETURN_IF_ERROR(WriteFileAtomic((tmp / "state.json").string(), j.dump(2) + "\n"));
   DISTCA_RETURN_IF_ERROR(SyncDirectory(tmp.string()));
   fs::remove_all(final_dir, ec);
   fs::rename(tmp, final_dir, ec);
-  if (ec) return Status::IoError(fmt::format("cannot rename '{}' to '{}': {}", tmp.string(), final_dir.string(), ec.message()));
+  if (ec)
+    return Status::IoError(
+        fmt::format("cannot rename '{}' to '{}': {}", tmp.string(), final_dir.string(), ec.message()));
   DISTCA_RETURN_IF_ERROR(SyncDirectory(dir));
   return WriteFileAtomic((fs::path(dir) / "latest").string(), name + "\n");
 }
@@ -241,9 +249,12 @@ Status LoadCheckpoint(const std::string& dir, Transformer* model, AdamW* optimiz
   DISTCA_RETURN_IF_ERROR(Unpack(weights, layout, "", where + "/model.safetensors", params.data()));
   SafetensorsFile m_file, v_file;
   for (auto& [name, e] : moments.tensors) {
-    if (name.rfind("m.", 0) == 0) m_file.tensors.emplace_back(name, e);
-    else if (name.rfind("v.", 0) == 0) v_file.tensors.emplace_back(name, e);
-    else return Status::InvalidArgument(fmt::format("{}/optimizer.safetensors: unexpected tensor '{}'", where, name));
+    if (name.rfind("m.", 0) == 0)
+      m_file.tensors.emplace_back(name, e);
+    else if (name.rfind("v.", 0) == 0)
+      v_file.tensors.emplace_back(name, e);
+    else
+      return Status::InvalidArgument(fmt::format("{}/optimizer.safetensors: unexpected tensor '{}'", where, name));
   }
   DISTCA_RETURN_IF_ERROR(Unpack(m_file, layout, "m.", where + "/optimizer.safetensors", m.data()));
   DISTCA_RETURN_IF_ERROR(Unpack(v_file, layout, "v.", where + "/optimizer.safetensors", v.data()));
@@ -251,7 +262,8 @@ Status LoadCheckpoint(const std::string& dir, Transformer* model, AdamW* optimiz
     bool step_ok = false;
     for (const auto& [k, val] : f->metadata) step_ok |= (k == "step" && val == std::to_string(st.step));
     if (!step_ok)
-      return Status::InvalidArgument(fmt::format("{}: the tensor files are not from step {} of state.json", where, st.step));
+      return Status::InvalidArgument(
+          fmt::format("{}: the tensor files are not from step {} of state.json", where, st.step));
   }
   std::memcpy(model->params(), params.data(), sizeof(float) * params.size());
   optimizer->m() = std::move(m);

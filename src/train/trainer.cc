@@ -85,7 +85,8 @@ Status BuildStepPlans(const std::vector<int64_t>& lengths, const TrainOptions& o
   for (size_t n = 0; n < out->nano_docs.size(); ++n) {
     std::vector<int64_t> nano_lengths;
     for (int d : out->nano_docs[n]) nano_lengths.push_back(lengths[size_t(d)]);
-    DISTCA_RETURN_IF_ERROR(BuildPlan(nano_lengths, po, cost, &out->plans[n]).WithContext(fmt::format("nano-batch {}", n)));
+    DISTCA_RETURN_IF_ERROR(
+        BuildPlan(nano_lengths, po, cost, &out->plans[n]).WithContext(fmt::format("nano-batch {}", n)));
   }
   return Status::Ok();
 }
@@ -130,8 +131,8 @@ Status CheckOptions(const Comm& comm, const TrainOptions& o) {
   if (o.block < 1) return Status::InvalidArgument(fmt::format("--block must be >= 1, got {}", o.block));
   if (o.servers < 0) return Status::InvalidArgument(fmt::format("--servers must be >= 0, got {}", o.servers));
   if (o.attention == AttentionMode::kCad && o.servers >= comm.size())
-    return Status::InvalidArgument(fmt::format("--servers {} leaves no rank for the model: the job has {} ranks",
-                                               o.servers, comm.size()));
+    return Status::InvalidArgument(
+        fmt::format("--servers {} leaves no rank for the model: the job has {} ranks", o.servers, comm.size()));
   if (o.attention == AttentionMode::kColocated && o.servers > 0)
     return Status::InvalidArgument("--servers needs --attention cad");
   if (o.data.docs_file.empty() && o.data.batches.empty() && o.tokens_per_rank <= 0)
@@ -140,7 +141,8 @@ Status CheckOptions(const Comm& comm, const TrainOptions& o) {
     return Status::InvalidArgument(
         fmt::format("--tokens-per-rank {} is smaller than one block ({} tokens)", o.tokens_per_rank, o.block));
   if (!(o.lr > 0) || !(o.min_lr >= 0) || o.min_lr > o.lr)
-    return Status::InvalidArgument(fmt::format("need 0 <= --min-lr <= --lr and --lr > 0, got {} and {}", o.min_lr, o.lr));
+    return Status::InvalidArgument(
+        fmt::format("need 0 <= --min-lr <= --lr and --lr > 0, got {} and {}", o.min_lr, o.lr));
   return Status::Ok();
 }
 
@@ -160,9 +162,12 @@ Status AllreduceDouble(Comm& comm, double* value) {
 const char* AttentionModeName(AttentionMode mode) { return mode == AttentionMode::kCad ? "cad" : "colocated"; }
 
 Status ParseAttentionMode(std::string_view name, AttentionMode* mode) {
-  if (name == "cad") *mode = AttentionMode::kCad;
-  else if (name == "colocated") *mode = AttentionMode::kColocated;
-  else return Status::InvalidArgument(fmt::format("unknown attention mode '{}': use colocated or cad", name));
+  if (name == "cad")
+    *mode = AttentionMode::kCad;
+  else if (name == "colocated")
+    *mode = AttentionMode::kColocated;
+  else
+    return Status::InvalidArgument(fmt::format("unknown attention mode '{}': use colocated or cad", name));
   return Status::Ok();
 }
 
@@ -222,15 +227,18 @@ Status Train(Comm& comm, const TrainOptions& options, const std::function<void(c
     const std::vector<int64_t> lengths = batch.lengths();
     const int64_t tokens = batch.tokens();
     if (o.tokens_per_rank > 0 && tokens != o.tokens_per_rank * data_ranks)
-      return Status::InvalidArgument(fmt::format("step {}: the batch holds {} tokens, not --tokens-per-rank {} x {} ranks",
-                                                 step + 1, tokens, o.tokens_per_rank, data_ranks));
+      return Status::InvalidArgument(
+          fmt::format("step {}: the batch holds {} tokens, not --tokens-per-rank {} x {} ranks", step + 1, tokens,
+                      o.tokens_per_rank, data_ranks));
     if (tokens / data_ranks < o.block)
-      return Status::InvalidArgument(fmt::format("step {}: {} tokens over {} ranks is less than one block ({}) per rank",
-                                                 step + 1, tokens, data_ranks, o.block));
+      return Status::InvalidArgument(
+          fmt::format("step {}: {} tokens over {} ranks is less than one block ({}) per rank", step + 1, tokens,
+                      data_ranks, o.block));
     int64_t targets = 0;
     for (int64_t len : lengths) targets += len - 1;
     if (targets == 0)
-      return Status::InvalidArgument(fmt::format("step {}: every document has one token; nothing to predict", step + 1));
+      return Status::InvalidArgument(
+          fmt::format("step {}: every document has one token; nothing to predict", step + 1));
 
     StepPlans sp;
     DISTCA_RETURN_IF_ERROR(BuildStepPlans(lengths, o, data_ranks, &sp).WithContext(fmt::format("step {}", step + 1)));
@@ -308,8 +316,8 @@ Status Train(Comm& comm, const TrainOptions& options, const std::function<void(c
         const RankReport& x = reports[r];
         m.step_s = std::max(m.step_s, x.step_s);
         m.comm_bytes += int64_t(x.sent_bytes);
-        m.ranks.push_back({int(r), int64_t(x.tokens), x.attn_s, x.linear_s, x.comm_s, x.wait_s, x.busy_s,
-                           int64_t(x.peak_rss_bytes)});
+        m.ranks.push_back(
+            {int(r), int64_t(x.tokens), x.attn_s, x.linear_s, x.comm_s, x.wait_s, x.busy_s, int64_t(x.peak_rss_bytes)});
       }
       m.tokens_per_s = m.step_s > 0 ? double(tokens) / m.step_s : 0.0;
       on_step(m);

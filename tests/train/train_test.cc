@@ -69,18 +69,17 @@ TEST(TrainTest, ResumeIsExact) {
     first.steps = 2;
     first.lr_decay_steps = 4;  // the same schedule as the 4-step run
     first.save_dir = dir;
-    s = RunLocal(2, [&](Comm& comm) {
-      return Train(comm, first, [&](const StepMetrics& m) { resumed.push_back(m.loss); });
-    });
+    s = RunLocal(
+        2, [&](Comm& comm) { return Train(comm, first, [&](const StepMetrics& m) { resumed.push_back(m.loss); }); });
     ASSERT_TRUE(s.ok()) << s.ToString();
     TrainOptions second = t;
     second.load_dir = dir;
-    s = RunLocal(2, [&](Comm& comm) {
-      return Train(comm, second, [&](const StepMetrics& m) { resumed.push_back(m.loss); });
-    });
+    s = RunLocal(
+        2, [&](Comm& comm) { return Train(comm, second, [&](const StepMetrics& m) { resumed.push_back(m.loss); }); });
     ASSERT_TRUE(s.ok()) << s.ToString();
     ASSERT_EQ(resumed.size(), 4u);
-    for (int i = 0; i < 4; ++i) EXPECT_EQ(resumed[i], straight.losses[i]) << AttentionModeName(mode) << " step " << i + 1;
+    for (int i = 0; i < 4; ++i)
+      EXPECT_EQ(resumed[i], straight.losses[i]) << AttentionModeName(mode) << " step " << i + 1;
     std::filesystem::remove_all(dir);
   }
 }

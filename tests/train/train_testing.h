@@ -76,8 +76,8 @@ inline Status CompareRuns(const TrainResult& ref, const TrainResult& got, const 
   for (size_t i = 0; i < ref.losses.size(); ++i) {
     const double rel = std::abs(ref.losses[i] - got.losses[i]) / std::abs(ref.losses[i]);
     if (!(rel <= 1e-5))
-      return Status::Internal(
-          fmt::format("{}: step {} loss {} vs colocated {} (relative {:.3g})", what, i + 1, got.losses[i], ref.losses[i], rel));
+      return Status::Internal(fmt::format("{}: step {} loss {} vs colocated {} (relative {:.3g})", what, i + 1,
+                                          got.losses[i], ref.losses[i], rel));
   }
   if (ref.params.size() != got.params.size()) return Status::Internal(what + ": parameter counts differ");
   double max_diff = 0, sq = 0;
@@ -89,9 +89,10 @@ inline Status CompareRuns(const TrainResult& ref, const TrainResult& got, const 
   const double rms = std::sqrt(sq / double(std::max<size_t>(1, ref.params.size())));
   const double bound = double(t.lr) * double(t.steps);
   if (!(max_diff <= bound) || !(rms <= 0.01 * bound))
-    return Status::Internal(fmt::format("{}: parameters differ from colocated: max {:.3g} (bound {:.3g}), rms {:.3g} "
-                                        "(bound {:.3g})",
-                                        what, max_diff, bound, rms, 0.01 * bound));
+    return Status::Internal(
+        fmt::format("{}: parameters differ from colocated: max {:.3g} (bound {:.3g}), rms {:.3g} "
+                    "(bound {:.3g})",
+                    what, max_diff, bound, rms, 0.01 * bound));
   return Status::Ok();
 }
 
@@ -118,9 +119,9 @@ inline Status CheckCadEqualsColocated(Comm& comm) {
     t.policy = v.policy;
     t.backward = v.backward;
     t.ping_pong = v.ping_pong;
-    const std::string what = fmt::format("cad {} {} ping-pong {}", PlanPolicyName(v.policy),
-                                         v.backward == BackwardMode::kCached ? "cached" : "stateless",
-                                         v.ping_pong ? "on" : "off");
+    const std::string what =
+        fmt::format("cad {} {} ping-pong {}", PlanPolicyName(v.policy),
+                    v.backward == BackwardMode::kCached ? "cached" : "stateless", v.ping_pong ? "on" : "off");
     TrainResult got;
     DISTCA_RETURN_IF_ERROR(TrainAndCollect(comm, t, "cad", &got).WithContext(what));
     if (comm.rank() == 0) DISTCA_RETURN_IF_ERROR(CompareRuns(ref, got, t, what));
