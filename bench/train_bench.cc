@@ -106,8 +106,8 @@ bool RunTrainBench(const TrainBenchOptions& o, std::string* error) {
   CommOptions co;
   co.local_ranks = o.local_ranks;
   const int64_t tokens_per_rank = o.short_mode ? 2048 : 8192;
-  const int steps = o.short_mode ? 2 : 4;  // the first of each run is a warm-up, not counted
-  const int reps = o.short_mode ? 1 : 2;
+  const int steps = o.short_mode ? 2 : 3;  // the first of each run is a warm-up, not counted
+  const int reps = o.short_mode ? 1 : 3;
   Status s = RunOnRanks(co, [&](Comm& comm) -> Status {
     const bool root = comm.rank() == 0;
     TrainOptions base;
