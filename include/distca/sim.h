@@ -1,0 +1,141 @@
+// The cluster-scale simulator (docs/simulator.md): predicts iteration time,
+// balance, memory and traffic of one training configuration for several
+// strategies, costing the project's real planner output (distca/plan.h) with
+// a hardware profile. Pure computation: nothing here runs a kernel or moves a
+// byte; everything is deterministic for given batches.
+//
+// Vocabulary (as in the planner): a "rank" is one tensor-parallel group of
+// `tp` devices; a pipeline stage has G = gpus / (tp * pp) ranks; a "chunk" is
+// max_doc_len (L) tokens, and an iteration processes batch_size (B) chunks,
+// m = B / G micro-batches of one chunk per rank.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "distca/model.h"
+#include "distca/status.h"
+
+namespace distca {
+
+struct LinkProfile {
+  double bandwidth = 0.0;  // bytes/s per device, each direction
+  double latency_s = 0.0;  // per message
+};
+
+// One device type and its network (configs/hardware/*.json, docs/simulator.md).
+struct HardwareProfile {
+  std::string name;
+  std::string source;  // where the numbers come from (free text)
+  int gpus_per_node = 0;
+  double peak_flops = 0.0;  // per device, FLOP/s at dtype_bytes precision
+  double linear_mfu = 0.0;  // fraction of peak the context-independent layers reach
+  // (query length, fraction of peak) points of core attention, q_len increasing;
+  // piecewise linear in log2(q_len), clamped at both ends.
+  std::vector<std::pair<double, double>> attention_efficiency;
+  int dtype_bytes = 0;        // bytes per activation element
+  double memory_bytes = 0.0;  // per device
+  LinkProfile intra_node, inter_node;
+
+  // Fraction of peak core attention reaches on a task of q_len query rows.
+  double AttentionEfficiency(double q_len) const;
+};
+
+// Parses and validates a profile; errors name the field.
+Status ParseHardwareProfile(std::string_view json, HardwareProfile* profile);
+Status LoadHardwareProfile(const std::string& path, HardwareProfile* profile);
+
+enum class SimStrategy {
+  kWlbIdeal,     // variable-length packing + per-document CP, best CP by sweep
+  kMegatron,     // fixed-length chunks + zig-zag CP, best CP by sweep
+  kDistcaPaper,  // CAD as published: paper policy, dummy work in pipeline bubbles
+  kDistca,       // CAD with this project's policy; bubbles serve attention only
+};
+
+const char* SimStrategyName(SimStrategy strategy);
+// "wlb-ideal,megatron,distca-paper,distca" (any subset, any order, no repeats).
+Status ParseSimStrategies(std::string_view list, std::vector<SimStrategy>* strategies);
+
+struct SimOptions {
+  ModelConfig model;          // required (ModelPreset + overrides)
+  HardwareProfile hardware;   // required
+  int gpus = 0;               // N, required; a multiple of tp * pp
+  int tp = 8;                 // devices per rank. Default: 8
+  int pp = 1;                 // pipeline stages; num_layers must be a multiple. Default: 1
+  int64_t max_doc_len = 0;    // L, tokens per chunk; required
+  int batch_size = 0;         // B chunks per iteration; a multiple of G; required
+  int cp = 0;                 // baselines' CP degree (divides G); 0 = best of a sweep. Default: 0
+  int dedicated_servers = 0;  // distca: extra attention-only ranks per stage. Default: 0
+  bool ping_pong = true;      // CAD: two nano-batches overlapping compute and traffic. Default: on
+  double tolerance = 0.05;    // CAD: initial eps of the planner. Default: 0.05
+  // CAD: bytes any device may send or receive per plan (one layer, forward +
+  // backward; a rank's budget is tp times this, PlanOptions::comm_budget);
+  // 0 = unlimited. Default: 2 GB (DistCA's buffer)
+  int64_t comm_budget = 2'000'000'000;
+  int threads = 0;  // OpenMP threads over batches; 0 = OMP_NUM_THREADS. Default: 0
+};
+
+// Seconds per layer of one iteration on an average rank: what a rank spends
+// in one layer, summed over the iteration's micro-batches, averaged over the
+// P * G ranks that hold tokens (CAD: all ranks' work divided by P * G, so
+// attention served by dedicated servers counts too). comm is the exposed
+// part: the CP all-gather / reduce-scatter, or what CAD's overlap leaves.
+struct SimBreakdown {
+  double forward_linear_s = 0, backward_linear_s = 0;
+  double forward_attention_s = 0, backward_attention_s = 0;
+  double forward_comm_s = 0, backward_comm_s = 0;
+};
+
+struct SimResult {
+  SimStrategy strategy = SimStrategy::kDistca;
+  double iteration_s = 0;       // mean over batches
+  double tokens_per_s = 0;      // B * L / iteration_s
+  double speedup = 0;           // wlb-ideal's iteration_s / this one's; 0 when wlb-ideal did not run
+  double idle_fraction = 0;     // mean over batches and ranks of (iteration - busy) / iteration
+  double memory_max_bytes = 0;  // per device, max over ranks and batches
+  double memory_mean_bytes = 0;
+  bool fits_memory = true;      // memory_max_bytes <= hardware.memory_bytes
+  double bytes_moved = 0;       // per iteration, mean over batches, all ranks
+  double max_buffer_bytes = 0;  // CAD: largest per-rank send + receive of one layer, per device
+  int cp = 0;                   // baselines: CP degree used (0 for CAD)
+  double tolerance_used = 0;    // CAD: mean eps of the plans (after comm-budget raises)
+  SimBreakdown breakdown;       // mean over batches
+  std::vector<double> iteration_per_batch;
+};
+
+Status ValidateSimOptions(const SimOptions& options);
+
+// Simulates every strategy on every batch (each a list of document lengths
+// summing to B * L tokens, none longer than L). Results are in `strategies`
+// order; `speedup` is filled when kWlbIdeal is among them.
+Status Simulate(const SimOptions& options, const std::vector<std::vector<int64_t>>& batches,
+                const std::vector<SimStrategy>& strategies, std::vector<SimResult>* results);
+
+// ---------------------------------------------------------------------------
+// The paper-style grid (docs/simulator.md, "Grid").
+
+struct GridPoint {
+  std::string model;  // preset name
+  int gpus = 0, tp = 8, pp = 1;
+  int64_t max_doc_len = 0;
+  int batch_size = 0;
+  double elongate = 1.0;      // the Pretrain recipe's length multiplier for this L
+  std::string Label() const;  // e.g. "8B 128K 64"
+};
+
+// dims "3d" (pp 1) or "4d" (pp 2 for llama3-8b, 4 for llama-34b).
+Status PaperGrid(std::string_view dims, std::vector<GridPoint>* points);
+
+// One CSV row per (grid point, strategy); the header names every column.
+std::string GridCsvHeader();
+std::string GridCsvRow(const GridPoint& point, const SimResult& result);
+// A gnuplot script drawing speedup-over-wlb-ideal bars per configuration, one
+// bar per strategy (like the paper's Figures 9 and 10), from a CSV written
+// with GridCsvHeader/GridCsvRow, into a PNG.
+std::string SpeedupPlotScript(const std::string& csv_path, const std::string& png_path, const std::string& title,
+                              const std::vector<SimStrategy>& strategies);
+
+}  // namespace distca

@@ -1,0 +1,97 @@
+// The context-parallel baselines' shared machinery: the cost of one
+// micro-batch on a CP group, and data-parallel replicas each running a 1F1B
+// pipeline (docs/simulator.md, "Baselines").
+#include <algorithm>
+#include <numeric>
+
+#include "sim/pipeline.h"
+#include "sim/strategy.h"
+
+namespace distca::sim {
+
+CpStageCost CostCpMicroBatch(const SimContext& ctx, const std::vector<int64_t>& docs, int c) {
+  const RankCosts& k = ctx.costs;
+  const double tokens = double(std::accumulate(docs.begin(), docs.end(), int64_t{0}));
+  const bool inter = ctx.CpInterNode(c);
+  CpStageCost cost;
+  cost.linear_f = k.LinearForward(tokens / c);
+  for (int64_t len : docs) cost.attention_f += k.AttentionForwardCp(len, c);
+  // Forward: every rank gathers the K/V of the whole micro-batch; backward:
+  // the dK/dV partials are reduce-scattered back. Neither is overlapped.
+  cost.all_gather = k.Ring(c, tokens * k.KvBytesPerToken(), inter);
+  cost.reduce_scatter = cost.all_gather;
+  const int layers = ctx.stage_layers;
+  cost.forward = layers * (cost.linear_f + cost.attention_f + cost.all_gather);
+  cost.backward = layers * (kBackwardLinearFactor * cost.linear_f + kBackwardAttentionFactor * cost.attention_f +
+                            cost.reduce_scatter);
+  cost.head_f = k.HeadForward(tokens / c);
+  return cost;
+}
+
+Status RunContextParallel(const SimContext& ctx, const std::vector<std::vector<int64_t>>& micro_batches,
+                          const std::vector<std::vector<int>>& replicas, int c, BatchOutcome* out) {
+  const int stages = ctx.options.pp;
+  const int G = ctx.stage_ranks;
+  const int d = static_cast<int>(replicas.size());
+  if (d * c != G) return Status::Internal("replicas x CP does not match the stage's ranks");
+  const RankCosts& k = ctx.costs;
+  std::vector<CpStageCost> costs(micro_batches.size());
+  std::vector<double> tokens(micro_batches.size());
+  for (size_t i = 0; i < micro_batches.size(); ++i) {
+    costs[i] = CostCpMicroBatch(ctx, micro_batches[i], c);
+    tokens[i] = double(std::accumulate(micro_batches[i].begin(), micro_batches[i].end(), int64_t{0}));
+  }
+
+  BatchOutcome o;
+  o.busy_s.assign(size_t(stages) * G, 0.0);
+  o.memory_bytes.assign(size_t(stages) * G, 0.0);
+  const int layers_total = ctx.stage_layers * stages;
+  for (int r = 0; r < d; ++r) {
+    std::vector<MicroBatchTimes> times;
+    std::vector<double> held;  // per-rank tokens of this replica's micro-batches
+    double buffer = 0;
+    for (int i : replicas[r]) {
+      const CpStageCost& cc = costs[i];
+      MicroBatchTimes t;
+      t.forward.assign(stages, cc.forward);
+      t.backward.assign(stages, cc.backward);
+      t.forward.back() += cc.head_f;
+      t.backward.back() += kBackwardLinearFactor * cc.head_f;
+      t.p2p = k.PointToPoint(tokens[i] / c * k.HiddenBytesPerToken(), ctx.pipeline_inter_node);
+      times.push_back(std::move(t));
+      held.push_back(tokens[i] / c);
+      buffer = std::max(buffer, c > 1 ? tokens[i] * k.KvBytesPerToken() : 0.0);
+
+      o.breakdown.forward_linear_s += cc.linear_f / d;
+      o.breakdown.backward_linear_s += kBackwardLinearFactor * cc.linear_f / d;
+      o.breakdown.forward_attention_s += cc.attention_f / d;
+      o.breakdown.backward_attention_s += kBackwardAttentionFactor * cc.attention_f / d;
+      o.breakdown.forward_comm_s += cc.all_gather / d;
+      o.breakdown.backward_comm_s += cc.reduce_scatter / d;
+      // K/V gathered and dK/dV scattered: (c - 1) / c of the micro-batch's K/V
+      // reaches each of the c ranks, in every layer; activations cross each
+      // stage boundary forward and their gradients backward.
+      o.bytes_moved += 2.0 * layers_total * tokens[i] * k.KvBytesPerToken() * (c - 1) +
+                       2.0 * (stages - 1) * tokens[i] * k.HiddenBytesPerToken();
+    }
+    const PipelineRun run = Simulate1F1B(times);
+    o.iteration_s = std::max(o.iteration_s, run.makespan);
+    // 1F1B: stage s holds the activations of at most min(P - s, m) micro-batches.
+    std::sort(held.begin(), held.end(), std::greater<>());
+    for (int s = 0; s < stages; ++s) {
+      const int in_flight = std::min<int>(stages - s, int(held.size()));
+      const double act = std::accumulate(held.begin(), held.begin() + in_flight, 0.0) * ctx.stage_layers;
+      MemoryInput mem{ctx.stage_params, G, act, buffer};
+      for (int j = 0; j < c; ++j) {
+        const size_t rank = size_t(s) * G + size_t(r) * c + j;
+        o.busy_s[rank] = run.busy.empty() ? 0.0 : run.busy[s];
+        o.memory_bytes[rank] = DeviceMemoryBytes(k, mem);
+      }
+    }
+  }
+  o.max_buffer_bytes = 0;
+  *out = std::move(o);
+  return Status::Ok();
+}
+
+}  // namespace distca::sim

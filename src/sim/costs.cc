@@ -1,0 +1,59 @@
+#include "sim/costs.h"
+
+#include <algorithm>
+
+#include "distca/plan.h"
+
+namespace distca::sim {
+
+RankCosts::RankCosts(const ModelConfig& m, const HardwareProfile& hw, int tp) : hw_(hw), tp_(tp) {
+  const double h = m.hidden;
+  const double h_kv = double(m.kv_heads) * m.head_dim();
+  linear_rate_ = tp * hw.peak_flops * hw.linear_mfu;
+  attention_peak_ = tp * hw.peak_flops;
+  linear_flops_per_token_ = 2 * h * (2 * h + 2 * h_kv) + 6 * h * m.ffn_hidden;
+  head_flops_per_token_ = 2 * h * m.vocab_size;
+  attention_flops_per_pair_ = 4.0 * m.head_dim() * m.q_heads;
+  kv_bytes_per_token_ = 2 * h_kv * hw.dtype_bytes;
+  hidden_bytes_per_token_ = h * hw.dtype_bytes;
+  activation_bytes_per_token_ = kActivationBytesPerHidden * h * hw.dtype_bytes / 2.0;
+}
+
+double RankCosts::AttentionForward(int64_t q_begin, int64_t q_end) const {
+  if (q_end <= q_begin) return 0.0;
+  const double flops = attention_flops_per_pair_ * double(CausalPairs(q_begin, q_end));
+  return flops / (attention_peak_ * hw_.AttentionEfficiency(double(q_end - q_begin)));
+}
+
+double RankCosts::AttentionForwardCp(int64_t length, int c) const {
+  if (c <= 1) return AttentionForward(0, length);
+  const double flops = attention_flops_per_pair_ * double(CausalPairs(0, length)) / c;
+  const double shard = std::max(1.0, double(length) / (2.0 * c));
+  return flops / (attention_peak_ * hw_.AttentionEfficiency(shard));
+}
+
+double RankCosts::AllToAll(double sent, double received, bool inter_node) const {
+  const LinkProfile& l = inter_node ? hw_.inter_node : hw_.intra_node;
+  return l.latency_s + std::max(sent, received) / (tp_ * l.bandwidth);
+}
+
+double RankCosts::Ring(int ranks, double total_bytes, bool inter_node) const {
+  if (ranks <= 1) return 0.0;
+  const LinkProfile& l = inter_node ? hw_.inter_node : hw_.intra_node;
+  return (ranks - 1) * l.latency_s + total_bytes * (ranks - 1) / ranks / (tp_ * l.bandwidth);
+}
+
+double RankCosts::PointToPoint(double bytes, bool inter_node) const {
+  const LinkProfile& l = inter_node ? hw_.inter_node : hw_.intra_node;
+  return l.latency_s + bytes / (tp_ * l.bandwidth);
+}
+
+double DeviceMemoryBytes(const RankCosts& costs, const MemoryInput& in) {
+  // bf16 weights (2 B) + fp32 gradients (4 B), replicated; fp32 master
+  // weights + Adam m and v (12 B), sharded over the data-parallel ranks.
+  const double states = in.stage_params * (2.0 + 4.0) + in.stage_params * 12.0 / std::max(1, in.optimizer_shards);
+  const double activations = in.activation_tokens * costs.ActivationBytesPerToken();
+  return (states + activations + in.buffer_bytes) / costs.tp();
+}
+
+}  // namespace distca::sim

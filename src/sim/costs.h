@@ -1,0 +1,72 @@
+// The simulator's cost model (docs/simulator.md, "Cost model"): seconds and
+// bytes of one rank (a tensor-parallel group of tp devices) for one layer.
+#pragma once
+
+#include <cstdint>
+
+#include "distca/model.h"
+#include "distca/sim.h"
+
+namespace distca::sim {
+
+// Backward / forward time ratios (DESIGN.md section 3).
+inline constexpr double kBackwardLinearFactor = 2.0;
+inline constexpr double kBackwardAttentionFactor = 2.5;
+// Activation bytes kept per token per layer, in units of hidden * (dtype / 2),
+// with selective recomputation (Korthikanti et al. 2022, Table 2: 34 s b h).
+inline constexpr double kActivationBytesPerHidden = 34.0;
+
+class RankCosts {
+ public:
+  // REQUIRES: model and hardware valid (ValidateSimOptions), tp >= 1.
+  RankCosts(const ModelConfig& model, const HardwareProfile& hardware, int tp);
+
+  // Context-independent FLOPs of one token in one layer, forward:
+  // 2h(2h + 2h_kv) + 6 h ffn, with h_kv = kv_heads * head_dim.
+  double LinearFlopsPerToken() const { return linear_flops_per_token_; }
+  // Seconds of one layer's context-independent part over `tokens`, forward.
+  double LinearForward(double tokens) const { return tokens * linear_flops_per_token_ / linear_rate_; }
+  // LM head (2 h V FLOPs per token), forward; runs on the last stage only.
+  double HeadForward(double tokens) const { return tokens * head_flops_per_token_ / linear_rate_; }
+  // Core attention of query rows [q_begin, q_end) with KV [0, q_end), forward:
+  // 4 * CausalPairs * D * Hq FLOPs at efficiency eff(q_end - q_begin).
+  double AttentionForward(int64_t q_begin, int64_t q_end) const;
+  // A document of `length` under context parallelism over c ranks (head/tail
+  // or zig-zag: 2c shards of length / 2c, two per rank, each rank 1/c of the
+  // pairs; c = 1: the whole document as one task). Seconds on each rank.
+  double AttentionForwardCp(int64_t length, int c) const;
+
+  // All-to-all of one rank: latency + max(sent, received) / (tp * bandwidth).
+  double AllToAll(double sent, double received, bool inter_node) const;
+  // Ring all-gather (or reduce-scatter) over `ranks` ranks of total_bytes:
+  // (ranks - 1) * latency + total_bytes * (ranks - 1) / ranks / (tp * bandwidth).
+  double Ring(int ranks, double total_bytes, bool inter_node) const;
+  // One message between two ranks (pipeline activations).
+  double PointToPoint(double bytes, bool inter_node) const;
+
+  // K and V of one token, all heads: 2 * Hkv * D * dtype_bytes.
+  double KvBytesPerToken() const { return kv_bytes_per_token_; }
+  // Hidden state of one token: h * dtype_bytes (pipeline stage boundary).
+  double HiddenBytesPerToken() const { return hidden_bytes_per_token_; }
+  // Activation bytes one token keeps per layer on one rank (all tp devices).
+  double ActivationBytesPerToken() const { return activation_bytes_per_token_; }
+  int tp() const { return tp_; }
+
+ private:
+  HardwareProfile hw_;
+  int tp_;
+  double linear_rate_, attention_peak_;  // FLOP/s of the rank
+  double linear_flops_per_token_, head_flops_per_token_, attention_flops_per_pair_;
+  double kv_bytes_per_token_, hidden_bytes_per_token_, activation_bytes_per_token_;
+};
+
+// Memory of one rank, in bytes per device (docs/simulator.md, "Memory").
+struct MemoryInput {
+  double stage_params = 0;       // parameters this rank's stage holds (0 for attention-only servers)
+  int optimizer_shards = 1;      // ranks the distributed optimizer shards over
+  double activation_tokens = 0;  // tokens whose activations are held at once, times layers of the stage
+  double buffer_bytes = 0;       // KV all-gather or CAD send + receive buffers (whole rank)
+};
+double DeviceMemoryBytes(const RankCosts& costs, const MemoryInput& in);
+
+}  // namespace distca::sim

@@ -1,0 +1,119 @@
+// Hardware profiles: JSON parsing, validation, the attention-efficiency curve.
+#include <fmt/format.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "common/file_util.h"
+#include "distca/sim.h"
+
+namespace distca {
+namespace {
+
+using nlohmann::json;
+
+Status Number(const json& j, const std::string& where, const char* key, double* out) {
+  if (!j.contains(key)) return Status::InvalidArgument(fmt::format("{}: missing \"{}\"", where, key));
+  const json& v = j.at(key);
+  if (!v.is_number()) return Status::InvalidArgument(fmt::format("{}: \"{}\" must be a number", where, key));
+  *out = v.get<double>();
+  if (!std::isfinite(*out) || *out <= 0)
+    return Status::InvalidArgument(fmt::format("{}: \"{}\" must be positive, got {}", where, key, v.dump()));
+  return Status::Ok();
+}
+
+Status Integer(const json& j, const std::string& where, const char* key, int* out) {
+  if (!j.contains(key)) return Status::InvalidArgument(fmt::format("{}: missing \"{}\"", where, key));
+  const json& v = j.at(key);
+  if (!v.is_number_integer() || v.get<int64_t>() <= 0 || v.get<int64_t>() > (1 << 20))
+    return Status::InvalidArgument(fmt::format("{}: \"{}\" must be a positive integer, got {}", where, key, v.dump()));
+  *out = v.get<int>();
+  return Status::Ok();
+}
+
+Status Text(const json& j, const char* key, std::string* out) {
+  if (!j.contains(key) || !j.at(key).is_string())
+    return Status::InvalidArgument(fmt::format("hardware profile: \"{}\" must be a string", key));
+  *out = j.at(key).get<std::string>();
+  return Status::Ok();
+}
+
+Status Link(const json& network, const char* key, LinkProfile* link) {
+  const std::string where = fmt::format("hardware profile: network.{}", key);
+  if (!network.contains(key) || !network.at(key).is_object())
+    return Status::InvalidArgument(where + " must be an object {\"bandwidth\", \"latency_s\"}");
+  const json& l = network.at(key);
+  DISTCA_RETURN_IF_ERROR(Number(l, where, "bandwidth", &link->bandwidth));
+  return Number(l, where, "latency_s", &link->latency_s);
+}
+
+Status Curve(const json& j, std::vector<std::pair<double, double>>* curve) {
+  const char* where = "hardware profile: \"attention_efficiency\"";
+  if (!j.contains("attention_efficiency") || !j.at("attention_efficiency").is_array() ||
+      j.at("attention_efficiency").empty())
+    return Status::InvalidArgument(fmt::format("{} must be a non-empty array of [q_len, fraction]", where));
+  curve->clear();
+  for (const json& point : j.at("attention_efficiency")) {
+    const size_t i = curve->size();
+    if (!point.is_array() || point.size() != 2 || !point[0].is_number() || !point[1].is_number())
+      return Status::InvalidArgument(fmt::format("{}[{}] must be [q_len, fraction]", where, i));
+    const double q = point[0].get<double>(), f = point[1].get<double>();
+    if (!(q >= 1) || !std::isfinite(q))
+      return Status::InvalidArgument(fmt::format("{}[{}]: q_len must be >= 1, got {}", where, i, point[0].dump()));
+    if (!(f > 0 && f <= 1))
+      return Status::InvalidArgument(
+          fmt::format("{}[{}]: fraction must be in (0, 1], got {}", where, i, point[1].dump()));
+    if (i > 0 && q <= curve->back().first)
+      return Status::InvalidArgument(
+          fmt::format("{}[{}]: q_len {} is not above the previous {}", where, i, q, curve->back().first));
+    curve->emplace_back(q, f);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+double HardwareProfile::AttentionEfficiency(double q_len) const {
+  const auto& c = attention_efficiency;
+  if (c.empty()) return 1.0;
+  if (q_len <= c.front().first) return c.front().second;
+  if (q_len >= c.back().first) return c.back().second;
+  size_t i = 1;
+  while (c[i].first < q_len) ++i;
+  const double x0 = std::log2(c[i - 1].first), x1 = std::log2(c[i].first);
+  const double t = (std::log2(q_len) - x0) / (x1 - x0);
+  return c[i - 1].second + t * (c[i].second - c[i - 1].second);
+}
+
+Status ParseHardwareProfile(std::string_view text, HardwareProfile* profile) {
+  if (profile == nullptr) return Status::InvalidArgument("profile is null");
+  const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return Status::InvalidArgument("hardware profile is not valid JSON");
+  if (!j.is_object()) return Status::InvalidArgument("hardware profile must be a JSON object");
+  const std::string where = "hardware profile";
+  HardwareProfile p;
+  DISTCA_RETURN_IF_ERROR(Text(j, "name", &p.name));
+  DISTCA_RETURN_IF_ERROR(Text(j, "source", &p.source));
+  DISTCA_RETURN_IF_ERROR(Integer(j, where, "gpus_per_node", &p.gpus_per_node));
+  DISTCA_RETURN_IF_ERROR(Number(j, where, "peak_flops", &p.peak_flops));
+  DISTCA_RETURN_IF_ERROR(Number(j, where, "linear_mfu", &p.linear_mfu));
+  if (p.linear_mfu > 1)
+    return Status::InvalidArgument(fmt::format("{}: \"linear_mfu\" must be at most 1, got {}", where, p.linear_mfu));
+  DISTCA_RETURN_IF_ERROR(Curve(j, &p.attention_efficiency));
+  DISTCA_RETURN_IF_ERROR(Integer(j, where, "dtype_bytes", &p.dtype_bytes));
+  DISTCA_RETURN_IF_ERROR(Number(j, where, "memory_bytes", &p.memory_bytes));
+  if (!j.contains("network") || !j.at("network").is_object())
+    return Status::InvalidArgument(where + ": \"network\" must be an object with intra_node and inter_node");
+  DISTCA_RETURN_IF_ERROR(Link(j.at("network"), "intra_node", &p.intra_node));
+  DISTCA_RETURN_IF_ERROR(Link(j.at("network"), "inter_node", &p.inter_node));
+  *profile = std::move(p);
+  return Status::Ok();
+}
+
+Status LoadHardwareProfile(const std::string& path, HardwareProfile* profile) {
+  std::string text;
+  DISTCA_RETURN_IF_ERROR(ReadTextFile(path, &text));
+  return ParseHardwareProfile(text, profile).WithContext(path);
+}
+
+}  // namespace distca

@@ -1,0 +1,78 @@
+// Document packing for the baselines: fixed-length chunks, WLB-LLM's
+// variable-length bins, and LPT assignment of micro-batches to replicas.
+#include <algorithm>
+#include <numeric>
+
+#include "sim/strategy.h"
+
+namespace distca::sim {
+
+std::vector<std::vector<int64_t>> CutIntoChunks(const std::vector<int64_t>& docs, int64_t tokens) {
+  std::vector<std::vector<int64_t>> chunks(1);
+  int64_t room = tokens;
+  for (int64_t len : docs) {
+    while (len > 0) {
+      if (room == 0) {
+        chunks.emplace_back();
+        room = tokens;
+      }
+      const int64_t piece = std::min(len, room);
+      chunks.back().push_back(piece);
+      room -= piece;
+      len -= piece;
+    }
+  }
+  return chunks;
+}
+
+std::vector<std::vector<int64_t>> SplitIntoWaves(const std::vector<int64_t>& docs, int waves, int64_t tokens) {
+  std::vector<std::vector<int64_t>> out(waves);
+  int64_t offset = 0;
+  for (int64_t len : docs) {
+    const int64_t w = std::min<int64_t>(waves - 1, (offset + len / 2) / tokens);
+    out[w].push_back(len);
+    offset += len;
+  }
+  return out;
+}
+
+std::vector<std::vector<int64_t>> WlbPack(const std::vector<int64_t>& docs, int bins, int64_t chunk, int64_t cap) {
+  auto cost = [&](int64_t len) {
+    const double x = double(len) / double(chunk);
+    return x * x + x;
+  };
+  std::vector<int> order(docs.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return docs[a] > docs[b]; });
+  std::vector<std::vector<int64_t>> out(bins);
+  std::vector<double> load(bins, 0.0);
+  std::vector<int64_t> tokens(bins, 0);
+  for (int d : order) {
+    int best = -1;
+    for (int b = 0; b < bins; ++b) {
+      if (tokens[b] + docs[d] > cap) continue;
+      if (best < 0 || load[b] < load[best]) best = b;
+    }
+    if (best < 0) best = int(std::min_element(tokens.begin(), tokens.end()) - tokens.begin());
+    out[best].push_back(docs[d]);
+    load[best] += cost(docs[d]);
+    tokens[best] += docs[d];
+  }
+  return out;
+}
+
+std::vector<std::vector<int>> AssignLpt(const std::vector<double>& times, int replicas) {
+  std::vector<int> order(times.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return times[a] > times[b]; });
+  std::vector<std::vector<int>> out(replicas);
+  std::vector<double> total(replicas, 0.0);
+  for (int i : order) {
+    const int r = int(std::min_element(total.begin(), total.end()) - total.begin());
+    out[r].push_back(i);
+    total[r] += times[i];
+  }
+  return out;
+}
+
+}  // namespace distca::sim

@@ -1,0 +1,204 @@
+// Simulate: validation, the strategy table, the CP sweep, OpenMP over batches,
+// and the aggregation of per-batch outcomes into SimResults.
+#include <fmt/format.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "sim/strategy.h"
+
+namespace distca {
+namespace {
+
+using StrategyFn = Status (*)(const sim::SimContext&, const std::vector<int64_t>&, int, sim::BatchOutcome*);
+
+struct StrategyEntry {
+  SimStrategy id;
+  const char* name;
+  bool sweeps_cp;  // a context-parallel baseline: the best CP degree is searched
+  StrategyFn run;
+};
+
+constexpr StrategyEntry kStrategies[] = {
+    {SimStrategy::kWlbIdeal, "wlb-ideal", true, sim::SimulateWlbIdeal},
+    {SimStrategy::kMegatron, "megatron", true, sim::SimulateMegatron},
+    {SimStrategy::kDistcaPaper, "distca-paper", false, sim::SimulateDistcaPaper},
+    {SimStrategy::kDistca, "distca", false, sim::SimulateDistca},
+};
+
+const StrategyEntry& Entry(SimStrategy s) {
+  for (const StrategyEntry& e : kStrategies)
+    if (e.id == s) return e;
+  return kStrategies[0];
+}
+
+Status ValidateBatches(const SimOptions& o, const std::vector<std::vector<int64_t>>& batches) {
+  if (batches.empty()) return Status::InvalidArgument("no batches to simulate");
+  const int64_t want = int64_t{o.batch_size} * o.max_doc_len;
+  for (size_t b = 0; b < batches.size(); ++b) {
+    int64_t total = 0;
+    for (size_t i = 0; i < batches[b].size(); ++i) {
+      const int64_t len = batches[b][i];
+      if (len <= 0 || len > o.max_doc_len)
+        return Status::InvalidArgument(
+            fmt::format("batch {} document {} has length {}, outside [1, max_doc_len = {}]", b, i, len, o.max_doc_len));
+      total += len;
+    }
+    if (total != want)
+      return Status::InvalidArgument(
+          fmt::format("batch {} holds {} tokens, not batch_size x max_doc_len = {}", b, total, want));
+  }
+  return Status::Ok();
+}
+
+// Aggregates the outcomes of every batch.
+SimResult Summarize(const SimOptions& o, SimStrategy id, int cp, const std::vector<sim::BatchOutcome>& outcomes) {
+  SimResult r;
+  r.strategy = id;
+  r.cp = cp;
+  const double n = double(outcomes.size());
+  double memory_sum = 0, memory_count = 0, tolerance_sum = 0;
+  int plans = 0;
+  for (const sim::BatchOutcome& b : outcomes) {
+    r.iteration_per_batch.push_back(b.iteration_s);
+    r.iteration_s += b.iteration_s / n;
+    double idle = 0;
+    for (double busy : b.busy_s) idle += b.iteration_s > 0 ? (b.iteration_s - busy) / b.iteration_s : 0.0;
+    r.idle_fraction += idle / double(std::max<size_t>(1, b.busy_s.size())) / n;
+    for (double mem : b.memory_bytes) {
+      r.memory_max_bytes = std::max(r.memory_max_bytes, mem);
+      memory_sum += mem;
+      ++memory_count;
+    }
+    r.bytes_moved += b.bytes_moved / n;
+    r.max_buffer_bytes = std::max(r.max_buffer_bytes, b.max_buffer_bytes);
+    tolerance_sum += b.tolerance_sum;
+    plans += b.plans;
+    SimBreakdown& s = r.breakdown;
+    s.forward_linear_s += b.breakdown.forward_linear_s / n;
+    s.backward_linear_s += b.breakdown.backward_linear_s / n;
+    s.forward_attention_s += b.breakdown.forward_attention_s / n;
+    s.backward_attention_s += b.breakdown.backward_attention_s / n;
+    s.forward_comm_s += b.breakdown.forward_comm_s / n;
+    s.backward_comm_s += b.breakdown.backward_comm_s / n;
+  }
+  r.memory_mean_bytes = memory_count > 0 ? memory_sum / memory_count : 0.0;
+  r.fits_memory = r.memory_max_bytes <= o.hardware.memory_bytes;
+  r.tolerance_used = plans > 0 ? tolerance_sum / plans : 0.0;
+  r.tokens_per_s = r.iteration_s > 0 ? double(o.batch_size) * double(o.max_doc_len) / r.iteration_s : 0.0;
+  return r;
+}
+
+}  // namespace
+
+namespace sim {
+
+SimContext::SimContext(const SimOptions& o) : options(o), costs(o.model, o.hardware, o.tp) {
+  stage_ranks = o.gpus / (o.tp * o.pp);
+  micro_batches = o.batch_size / stage_ranks;
+  stage_layers = o.model.num_layers / o.pp;
+  stage_params = double(ParameterCount(o.model)) / o.pp;
+  stage_inter_node = int64_t{o.tp} * stage_ranks > o.hardware.gpus_per_node;
+  pipeline_inter_node = o.gpus > o.hardware.gpus_per_node;
+}
+
+}  // namespace sim
+
+const char* SimStrategyName(SimStrategy strategy) { return Entry(strategy).name; }
+
+Status ParseSimStrategies(std::string_view list, std::vector<SimStrategy>* strategies) {
+  strategies->clear();
+  size_t begin = 0;
+  while (begin <= list.size()) {
+    size_t end = list.find(',', begin);
+    if (end == std::string_view::npos) end = list.size();
+    const std::string_view name = list.substr(begin, end - begin);
+    const StrategyEntry* found = nullptr;
+    for (const StrategyEntry& e : kStrategies)
+      if (name == e.name) found = &e;
+    if (found == nullptr)
+      return Status::InvalidArgument(
+          fmt::format("unknown strategy '{}' (expected wlb-ideal, megatron, distca-paper or distca)", name));
+    if (std::find(strategies->begin(), strategies->end(), found->id) != strategies->end())
+      return Status::InvalidArgument(fmt::format("strategy '{}' is listed twice", name));
+    strategies->push_back(found->id);
+    begin = end + 1;
+  }
+  return Status::Ok();
+}
+
+Status ValidateSimOptions(const SimOptions& o) {
+  DISTCA_RETURN_IF_ERROR(ValidateModelConfig(o.model).WithContext("model"));
+  const HardwareProfile& h = o.hardware;
+  if (!(h.peak_flops > 0) || !(h.linear_mfu > 0) || h.dtype_bytes <= 0 || h.gpus_per_node <= 0 ||
+      !(h.intra_node.bandwidth > 0) || !(h.inter_node.bandwidth > 0) || h.attention_efficiency.empty())
+    return Status::InvalidArgument("hardware profile is incomplete (load one with LoadHardwareProfile)");
+  if (o.gpus <= 0 || o.tp <= 0 || o.pp <= 0)
+    return Status::InvalidArgument(fmt::format("gpus ({}), tp ({}) and pp ({}) must be positive", o.gpus, o.tp, o.pp));
+  if (o.gpus % (o.tp * o.pp) != 0)
+    return Status::InvalidArgument(
+        fmt::format("gpus ({}) is not a multiple of tp x pp ({} x {} = {})", o.gpus, o.tp, o.pp, o.tp * o.pp));
+  if (o.model.num_layers % o.pp != 0)
+    return Status::InvalidArgument(
+        fmt::format("the model's {} layers do not split into pp = {} equal stages", o.model.num_layers, o.pp));
+  const int G = o.gpus / (o.tp * o.pp);
+  if (o.max_doc_len <= 0) return Status::InvalidArgument("max_doc_len must be positive");
+  if (o.batch_size <= 0 || o.batch_size % G != 0)
+    return Status::InvalidArgument(
+        fmt::format("batch size ({} chunks) must be a positive multiple of the {} ranks per stage (gpus / (tp x pp))",
+                    o.batch_size, G));
+  if (o.cp < 0 || (o.cp > 0 && G % o.cp != 0))
+    return Status::InvalidArgument(fmt::format("cp ({}) must divide the {} ranks per stage", o.cp, G));
+  if (o.dedicated_servers < 0) return Status::InvalidArgument("dedicated servers must be >= 0");
+  if (!(o.tolerance >= 0) || !std::isfinite(o.tolerance))
+    return Status::InvalidArgument(fmt::format("tolerance must be a finite number >= 0, got {}", o.tolerance));
+  if (o.comm_budget < 0) return Status::InvalidArgument("comm budget must be >= 0");
+  if (o.threads < 0) return Status::InvalidArgument("threads must be >= 0");
+  return Status::Ok();
+}
+
+Status Simulate(const SimOptions& options, const std::vector<std::vector<int64_t>>& batches,
+                const std::vector<SimStrategy>& strategies, std::vector<SimResult>* results) {
+  if (results == nullptr) return Status::InvalidArgument("results is null");
+  DISTCA_RETURN_IF_ERROR(ValidateSimOptions(options));
+  DISTCA_RETURN_IF_ERROR(ValidateBatches(options, batches));
+  const sim::SimContext ctx(options);
+  const int threads = options.threads > 0 ? options.threads : omp_get_max_threads();
+  const int n = static_cast<int>(batches.size());
+
+  std::vector<SimResult> out;
+  for (SimStrategy id : strategies) {
+    const StrategyEntry& e = Entry(id);
+    std::vector<int> cps = {0};
+    if (e.sweeps_cp) {
+      cps.clear();
+      for (int c = 1; c <= ctx.stage_ranks; c *= 2)
+        if (ctx.stage_ranks % c == 0 && (options.cp == 0 || options.cp == c)) cps.push_back(c);
+      if (options.cp > 0 && cps.empty()) cps.push_back(options.cp);  // a CP degree that is not a power of two
+    }
+    SimResult best;
+    bool have = false;
+    for (int cp : cps) {
+      std::vector<sim::BatchOutcome> outcomes(n);
+      std::vector<Status> status(n);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+      for (int b = 0; b < n; ++b) status[b] = e.run(ctx, batches[b], cp, &outcomes[b]);
+      for (int b = 0; b < n; ++b)
+        if (!status[b].ok()) return status[b].WithContext(fmt::format("{}, batch {}", e.name, b));
+      SimResult r = Summarize(options, id, cp, outcomes);
+      if (!have || r.iteration_s < best.iteration_s) best = std::move(r);
+      have = true;
+    }
+    out.push_back(std::move(best));
+  }
+  for (const SimResult& r : out) {
+    if (r.strategy != SimStrategy::kWlbIdeal) continue;
+    for (SimResult& x : out) x.speedup = x.iteration_s > 0 ? r.iteration_s / x.iteration_s : 0.0;
+  }
+  *results = std::move(out);
+  return Status::Ok();
+}
+
+}  // namespace distca

@@ -1,0 +1,105 @@
+// What every strategy shares: the configuration derived from SimOptions, the
+// per-batch outcome, and the strategy functions (one file each).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "distca/plan.h"
+#include "distca/sim.h"
+#include "sim/costs.h"
+
+namespace distca::sim {
+
+struct SimContext {
+  // REQUIRES: ValidateSimOptions(options) is OK.
+  explicit SimContext(const SimOptions& options);
+
+  SimOptions options;
+  RankCosts costs;
+  int stage_ranks = 0;      // G = gpus / (tp * pp)
+  int micro_batches = 0;    // m = B / G
+  int stage_layers = 0;     // layers per pipeline stage
+  double stage_params = 0;  // ParameterCount / pp
+  // A stage's ranks span nodes (tp * G > gpus_per_node): its all-to-all runs
+  // at the inter-node bandwidth.
+  bool stage_inter_node = false;
+  // The pipeline spans nodes: stage-to-stage messages cross them.
+  bool pipeline_inter_node = false;
+  // A CP group of c ranks spans nodes.
+  bool CpInterNode(int c) const { return int64_t{c} * options.tp > options.hardware.gpus_per_node; }
+};
+
+// One batch under one strategy. Ranks are numbered stage by stage; a stage's
+// dedicated attention servers (if any) follow its G ranks.
+struct BatchOutcome {
+  double iteration_s = 0;
+  std::vector<double> busy_s;        // per rank: seconds of its own work
+  std::vector<double> memory_bytes;  // per rank, per device
+  double bytes_moved = 0;
+  double max_buffer_bytes = 0;  // per device
+  double tolerance_sum = 0;     // CAD: sum of the plans' eps
+  int plans = 0;                // CAD: plans built
+  SimBreakdown breakdown;
+};
+
+// Strategies. `cp` is the baselines' CP degree (ignored by CAD).
+Status SimulateWlbIdeal(const SimContext& ctx, const std::vector<int64_t>& batch, int cp, BatchOutcome* out);
+Status SimulateMegatron(const SimContext& ctx, const std::vector<int64_t>& batch, int cp, BatchOutcome* out);
+Status SimulateDistcaPaper(const SimContext& ctx, const std::vector<int64_t>& batch, int cp, BatchOutcome* out);
+Status SimulateDistca(const SimContext& ctx, const std::vector<int64_t>& batch, int cp, BatchOutcome* out);
+
+// --- shared by the context-parallel baselines (baseline.cc) ---
+
+// Seconds of one micro-batch (documents spread over a CP group of c ranks) on
+// one stage, forward and backward, and the per-layer parts.
+struct CpStageCost {
+  double linear_f = 0, attention_f = 0, all_gather = 0, reduce_scatter = 0;  // per layer, per rank
+  double forward = 0, backward = 0;                                          // whole stage, no LM head
+  double head_f = 0;                                                         // LM head forward (last stage)
+};
+CpStageCost CostCpMicroBatch(const SimContext& ctx, const std::vector<int64_t>& docs, int c);
+
+// Runs micro-batches (document lists) on d = G / c data-parallel replicas,
+// replicas[r] listing the micro-batches of replica r in execution order, each
+// through the pp-stage 1F1B pipeline; fills everything in `out`.
+Status RunContextParallel(const SimContext& ctx, const std::vector<std::vector<int64_t>>& micro_batches,
+                          const std::vector<std::vector<int>>& replicas, int c, BatchOutcome* out);
+
+// --- shared by the CAD strategies (cad.cc) ---
+
+struct CadVariant {
+  PlanPolicy policy = PlanPolicy::kDistca;
+  // Ranks of stages idle in a tick (pipeline warm-up/drain) run a dummy
+  // micro-batch's linear layers, as published.
+  bool dummy_bubble_work = false;
+  int extra_servers = 0;  // dedicated attention servers per stage
+};
+Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, const CadVariant& variant,
+                   BatchOutcome* out);
+
+// --- packing (packing.cc) ---
+
+// Cuts documents, in order, into consecutive groups of exactly `tokens` tokens
+// (a document crossing a boundary is cut; its pieces become documents).
+// REQUIRES: the total is a multiple of tokens.
+std::vector<std::vector<int64_t>> CutIntoChunks(const std::vector<int64_t>& docs, int64_t tokens);
+
+// Whole documents, in order, into `waves` groups of about `tokens` tokens: a
+// document joins the group its middle token falls in. When no document is
+// longer than `tokens` every group is non-empty and within tokens / 2 of the
+// target at each boundary.
+std::vector<std::vector<int64_t>> SplitIntoWaves(const std::vector<int64_t>& docs, int waves, int64_t tokens);
+
+// WLB-LLM's variable-length packing: documents sorted by cost (l/L)^2 + l/L,
+// largest first, each into the bin with the smallest cost sum among those
+// with room for it under `cap` tokens (the bin with the fewest tokens when
+// none has room). Returns `bins` lists of lengths.
+std::vector<std::vector<int64_t>> WlbPack(const std::vector<int64_t>& docs, int bins, int64_t chunk, int64_t cap);
+
+// Longest-processing-time-first: items by time descending, each to the
+// replica with the smallest total so far. Returns item indices per replica,
+// each list in assignment order.
+std::vector<std::vector<int>> AssignLpt(const std::vector<double>& times, int replicas);
+
+}  // namespace distca::sim

@@ -1,0 +1,16 @@
+// distca-paper: CAD as published (DistCA): the `paper` planner policy over the
+// pooled ranks, eps raised from 0.05 until the 2 GB buffer fits, ping-pong,
+// and pipeline bubbles that run dummy micro-batches (real linear work) while
+// serving attention.
+#include "sim/strategy.h"
+
+namespace distca::sim {
+
+Status SimulateDistcaPaper(const SimContext& ctx, const std::vector<int64_t>& batch, int /*cp*/, BatchOutcome* out) {
+  CadVariant v;
+  v.policy = PlanPolicy::kPaper;
+  v.dummy_bubble_work = true;
+  return SimulateCad(ctx, batch, v, out);
+}
+
+}  // namespace distca::sim

@@ -1,0 +1,122 @@
+// The simulator's cost model against hand-computed values (test profile in
+// sim_test_util.h: rank = 2 devices, linear rate 2 * 1e12 * 0.5 = 1e12 FLOP/s,
+// attention peak 2e12 FLOP/s).
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "sim/costs.h"
+#include "sim_test_util.h"
+
+namespace distca {
+namespace {
+
+using sim::RankCosts;
+using sim_test::TestModel;
+using sim_test::TestProfile;
+
+// Relative tolerance for values computed in double through a few products:
+// far above rounding (~1e-16), far below any modeling difference.
+constexpr double kRel = 1e-12;
+
+bool Contains(const Status& s, const std::string& needle) { return s.message().find(needle) != std::string::npos; }
+
+TEST(HardwareProfileTest, EfficiencyIsPiecewiseLinearInLog2AndClamped) {
+  const HardwareProfile p = TestProfile();
+  EXPECT_EQ(p.name, "test");
+  EXPECT_DOUBLE_EQ(p.AttentionEfficiency(16), 0.5);  // clamped below
+  EXPECT_DOUBLE_EQ(p.AttentionEfficiency(128), 0.5);
+  EXPECT_NEAR(p.AttentionEfficiency(256), 0.5 + 0.5 / 3, kRel);      // log2 8 is 1/3 of the way 7 -> 10
+  EXPECT_NEAR(p.AttentionEfficiency(512), 0.5 + 0.5 * 2 / 3, kRel);  // 2/3 of the way
+  EXPECT_DOUBLE_EQ(p.AttentionEfficiency(1024), 1.0);
+  EXPECT_DOUBLE_EQ(p.AttentionEfficiency(1 << 20), 1.0);  // clamped above
+}
+
+TEST(HardwareProfileTest, ShippedProfilesLoad) {
+  for (const char* name : {"h200-dgx", "cpu"}) {
+    HardwareProfile p;
+    const Status s = LoadHardwareProfile(std::string(DISTCA_SOURCE_DIR) + "/configs/hardware/" + name + ".json", &p);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_EQ(p.name, name);
+    EXPECT_FALSE(p.source.empty());
+  }
+}
+
+TEST(HardwareProfileTest, ErrorsNameTheField) {
+  HardwareProfile p;
+  EXPECT_TRUE(Contains(ParseHardwareProfile("{", &p), "not valid JSON"));
+  EXPECT_TRUE(Contains(ParseHardwareProfile("[1]", &p), "must be a JSON object"));
+  std::string good = sim_test::kTestProfileJson;
+  auto replace = [&](const std::string& from, const std::string& to) {
+    std::string s = good;
+    s.replace(s.find(from), from.size(), to);
+    return s;
+  };
+  EXPECT_TRUE(Contains(ParseHardwareProfile(replace("\"peak_flops\": 1e12", "\"peak_flops\": -1"), &p),
+                       "\"peak_flops\" must be positive"));
+  EXPECT_TRUE(
+      Contains(ParseHardwareProfile(replace("\"peak_flops\": 1e12", "\"peak\": 1e12"), &p), "missing \"peak_flops\""));
+  EXPECT_TRUE(Contains(ParseHardwareProfile(replace("\"linear_mfu\": 0.5", "\"linear_mfu\": 1.5"), &p),
+                       "\"linear_mfu\" must be at most 1"));
+  EXPECT_TRUE(Contains(ParseHardwareProfile(replace("\"gpus_per_node\": 2", "\"gpus_per_node\": 2.5"), &p),
+                       "\"gpus_per_node\" must be a positive integer"));
+  EXPECT_TRUE(Contains(ParseHardwareProfile(replace("[[128, 0.5], [1024, 1.0]]", "[[128, 0.5], [64, 1.0]]"), &p),
+                       "is not above the previous"));
+  EXPECT_TRUE(Contains(ParseHardwareProfile(replace("[[128, 0.5], [1024, 1.0]]", "[[128, 1.5]]"), &p),
+                       "fraction must be in (0, 1]"));
+  EXPECT_TRUE(Contains(ParseHardwareProfile(replace("[[128, 0.5], [1024, 1.0]]", "[]"), &p), "non-empty array"));
+  EXPECT_TRUE(Contains(ParseHardwareProfile(replace("\"latency_s\": 1e-5", "\"latency_s\": \"fast\""), &p),
+                       "network.inter_node: \"latency_s\" must be a number"));
+  EXPECT_TRUE(Contains(ParseHardwareProfile(replace("\"name\": \"test\"", "\"name\": 3"), &p), "\"name\""));
+  EXPECT_EQ(LoadHardwareProfile("/nonexistent/profile.json", &p).code(), StatusCode::kIoError);
+}
+
+TEST(RankCostsTest, LinearAndHead) {
+  const RankCosts k(TestModel(), TestProfile(), /*tp=*/2);
+  EXPECT_DOUBLE_EQ(k.LinearFlopsPerToken(), 73728.0);
+  EXPECT_NEAR(k.LinearForward(1000), 73728.0 * 1000 / 1e12, 73728e3 / 1e12 * kRel);
+  EXPECT_NEAR(k.HeadForward(1000), 2.0 * 64 * 256 * 1000 / 1e12, kRel);
+  EXPECT_DOUBLE_EQ(k.KvBytesPerToken(), 2.0 * 2 * 16 * 2);  // K and V, 2 heads of 16, bf16
+  EXPECT_DOUBLE_EQ(k.HiddenBytesPerToken(), 64.0 * 2);
+  EXPECT_DOUBLE_EQ(k.ActivationBytesPerToken(), 34.0 * 64);  // 34 h bytes at 2-byte elements
+}
+
+TEST(RankCostsTest, AttentionUsesPairsAndTheQueryLengthsEfficiency) {
+  const RankCosts k(TestModel(), TestProfile(), 2);
+  // Whole 1024 document: 1024 * 1025 / 2 pairs, 4 * 16 * 4 FLOPs each, efficiency 1.
+  const double whole = 4.0 * (1024.0 * 1025 / 2) * 16 * 4 / 2e12;
+  EXPECT_NEAR(k.AttentionForward(0, 1024), whole, whole * kRel);
+  // Rows [512, 1024): 512 * 1024 - 512 * 511 / 2 = 393472 pairs at efficiency 5/6.
+  const double tail = 4.0 * 393472 * 64 / (2e12 * (5.0 / 6));
+  EXPECT_NEAR(k.AttentionForward(512, 1024), tail, tail * kRel);
+  EXPECT_EQ(k.AttentionForward(7, 7), 0.0);
+  // CP over 2: half the pairs per rank, on 256-row shards (efficiency 2/3).
+  const double cp2 = 4.0 * (1024.0 * 1025 / 2) * 64 / 2 / (2e12 * (2.0 / 3));
+  EXPECT_NEAR(k.AttentionForwardCp(1024, 2), cp2, cp2 * kRel);
+  EXPECT_NEAR(k.AttentionForwardCp(1024, 1), whole, whole * kRel);
+}
+
+TEST(RankCostsTest, AllToAllRingAndPointToPoint) {
+  const RankCosts k(TestModel(), TestProfile(), 2);
+  // Inter-node: 10 us + max(2 MB, 1 MB) / (2 devices * 10 GB/s).
+  EXPECT_NEAR(k.AllToAll(2e6, 1e6, true), 1e-5 + 2e6 / 2e10, kRel);
+  EXPECT_NEAR(k.AllToAll(1e6, 2e6, false), 1e-6 + 2e6 / 2e11, kRel);
+  // Ring over 4 ranks, 8 MB, intra: 3 latencies + 8 MB * 3/4 / 200 GB/s.
+  EXPECT_NEAR(k.Ring(4, 8e6, false), 3e-6 + 8e6 * 0.75 / 2e11, kRel);
+  EXPECT_EQ(k.Ring(1, 8e6, true), 0.0);
+  EXPECT_NEAR(k.PointToPoint(4e6, true), 1e-5 + 4e6 / 2e10, kRel);
+}
+
+TEST(RankCostsTest, MemoryPerDevice) {
+  const RankCosts k(TestModel(), TestProfile(), 2);
+  sim::MemoryInput in;
+  in.stage_params = 1000;
+  in.optimizer_shards = 4;
+  in.activation_tokens = 10;
+  in.buffer_bytes = 100;
+  // (1000 * (2 + 4) + 1000 * 12 / 4 + 10 * 34 * 64 + 100) / 2 devices.
+  EXPECT_DOUBLE_EQ(sim::DeviceMemoryBytes(k, in), (6000.0 + 3000 + 21760 + 100) / 2);
+}
+
+}  // namespace
+}  // namespace distca

@@ -1,0 +1,83 @@
+// The 1F1B simulator and the packing helpers on cases small enough to
+// schedule by hand.
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "sim/pipeline.h"
+#include "sim/strategy.h"
+
+namespace distca::sim {
+namespace {
+
+std::vector<MicroBatchTimes> Uniform(int m, int stages, double f, double b, double p2p = 0) {
+  MicroBatchTimes t;
+  t.forward.assign(stages, f);
+  t.backward.assign(stages, b);
+  t.p2p = p2p;
+  return std::vector<MicroBatchTimes>(m, t);
+}
+
+TEST(PipelineTest, UniformIsMPlusPMinusOneTimesFPlusB) {
+  for (int stages : {1, 2, 4}) {
+    for (int m : {1, 2, 3, 8}) {
+      const PipelineRun run = Simulate1F1B(Uniform(m, stages, 1.0, 2.0));
+      EXPECT_DOUBLE_EQ(run.makespan, (m + stages - 1) * 3.0) << stages << " stages, m " << m;
+      for (double busy : run.busy) EXPECT_DOUBLE_EQ(busy, m * 3.0);
+    }
+  }
+  EXPECT_EQ(Simulate1F1B({}).makespan, 0.0);
+}
+
+TEST(PipelineTest, OneSlowMicroBatch) {
+  // P 2, m 2, f 1, b 2; micro-batch 0's forward on stage 1 takes 2.
+  //   s0: F0 [0,1] F1 [1,2]             B0 [5,7] B1 [8,10]
+  //   s1:    F0 [1,3] B0 [3,5] F1 [5,6] B1 [6,8]
+  std::vector<MicroBatchTimes> mbs = Uniform(2, 2, 1.0, 2.0);
+  mbs[0].forward[1] = 2.0;
+  const PipelineRun run = Simulate1F1B(mbs);
+  EXPECT_DOUBLE_EQ(run.makespan, 10.0);
+  EXPECT_DOUBLE_EQ(run.busy[0], 6.0);
+  EXPECT_DOUBLE_EQ(run.busy[1], 7.0);
+}
+
+TEST(PipelineTest, PointToPointOnEveryStageBoundary) {
+  // P 2, m 1: F0 [0,1], send 0.5, F1 [1.5,2.5], B1 [2.5,4.5], send 0.5, B0 [5,7].
+  EXPECT_DOUBLE_EQ(Simulate1F1B(Uniform(1, 2, 1.0, 2.0, 0.5)).makespan, 7.0);
+}
+
+TEST(PackingTest, CutIntoChunksCutsAtBoundaries) {
+  const auto chunks = CutIntoChunks({3, 5, 2, 6}, 4);
+  const std::vector<std::vector<int64_t>> want = {{3, 1}, {4}, {2, 2}, {4}};
+  EXPECT_EQ(chunks, want);
+}
+
+TEST(PackingTest, SplitIntoWavesKeepsDocumentsWhole) {
+  // Middles at 1.5, 5.5, 9, 13 with waves of 8 tokens: waves 0, 0, 1, 1.
+  const auto waves = SplitIntoWaves({3, 5, 2, 6}, 2, 8);
+  const std::vector<std::vector<int64_t>> want = {{3, 5}, {2, 6}};
+  EXPECT_EQ(waves, want);
+  // The 7 spans [6, 13): its middle 9.5 is past the boundary at 8.
+  const std::vector<std::vector<int64_t>> want2 = {{6}, {7, 3}};
+  EXPECT_EQ(SplitIntoWaves({6, 7, 3}, 2, 8), want2);
+}
+
+TEST(PackingTest, WlbPackBalancesCostUnderTheCap) {
+  // L 4: costs (l/4)^2 + l/4: 4 -> 2, 2 -> 0.75, 2 -> 0.75, 1 -> 0.3125.
+  // 4 -> bin 0; 2 -> bin 1; 2 -> bin 1 (0.75 < 2); 1 -> bin 1 (1.5 < 2).
+  const std::vector<std::vector<int64_t>> want = {{4}, {2, 2, 1}};
+  EXPECT_EQ(WlbPack({2, 4, 1, 2}, 2, 4, 8), want);
+  // Cap 4, 3 bins: bin 0 is full with the 4; the 2s go to bins 1 and 2; the 1
+  // ties between them (0.75 each) and goes to the first.
+  const std::vector<std::vector<int64_t>> capped = {{4}, {2, 1}, {2}};
+  EXPECT_EQ(WlbPack({2, 4, 1, 2}, 3, 4, 4), capped);
+}
+
+TEST(PackingTest, LongestProcessingTimeFirst) {
+  // 5 -> r0, 4 -> r1, 3 -> r1 (4 < 5), 2 -> r0 (5 < 7).
+  const std::vector<std::vector<int>> want = {{1, 3}, {0, 2}};
+  EXPECT_EQ(AssignLpt({4, 5, 3, 2}, 2), want);
+}
+
+}  // namespace
+}  // namespace distca::sim

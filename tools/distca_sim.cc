@@ -1,0 +1,300 @@
+// distca-sim: predict iteration time, balance, memory and traffic of a
+// cluster configuration under several strategies (docs/simulator.md).
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/cli_checks.h"
+#include "common/file_util.h"
+#include "common/timer.h"
+#include "distca/model.h"
+#include "distca/sim.h"
+#include "distca/workload.h"
+
+namespace {
+
+using distca::SimOptions;
+using distca::SimResult;
+using distca::Status;
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "distca-sim: %s\n", message.c_str());
+  return 2;
+}
+
+struct Args {
+  std::string preset = "llama3-8b";
+  std::optional<int> num_layers, hidden, heads, groups, ffn, vocab;
+  std::string hardware = "configs/hardware/h200-dgx.json";
+  std::string lengths, strategies = "wlb-ideal,megatron,distca-paper,distca";
+  std::string paper_grid, out_dir;
+  distca::WorkloadRecipe recipe;
+  SimOptions sim;
+  int batches = 30;
+  bool no_ping_pong = false, json = false, tolerance_sweep = false, breakdown = false;
+};
+
+// The profile path as given, else relative to the source tree (so that the
+// default works from a build directory).
+std::string FindHardware(const std::string& path) {
+  if (std::filesystem::exists(path) || std::filesystem::path(path).is_absolute()) return path;
+  const std::string in_tree = std::string(DISTCA_SOURCE_DIR) + "/" + path;
+  return std::filesystem::exists(in_tree) ? in_tree : path;
+}
+
+Status Sample(const std::vector<int64_t>& pool, const Args& a, const SimOptions& o, double elongate,
+              std::vector<std::vector<int64_t>>* batches) {
+  distca::WorkloadRecipe r = a.recipe;
+  r.tokens_per_batch = int64_t{o.batch_size} * o.max_doc_len;
+  r.max_doc_len = o.max_doc_len;
+  r.elongate = elongate;
+  return distca::SampleBatches(pool, r, a.batches, batches);
+}
+
+nlohmann::json ToJson(const SimOptions& o, const SimResult& r) {
+  const distca::SimBreakdown& b = r.breakdown;
+  return {{"strategy", distca::SimStrategyName(r.strategy)},
+          {"model", o.model.name},
+          {"gpus", o.gpus},
+          {"tp", o.tp},
+          {"pp", o.pp},
+          {"max_doc_len", o.max_doc_len},
+          {"batch_size", o.batch_size},
+          {"ping_pong", o.ping_pong},
+          {"tolerance", o.tolerance},
+          {"iteration_s", r.iteration_s},
+          {"tokens_per_s", r.tokens_per_s},
+          {"speedup_over_wlb_ideal", r.speedup},
+          {"idle_fraction", r.idle_fraction},
+          {"memory_max_bytes", r.memory_max_bytes},
+          {"memory_mean_bytes", r.memory_mean_bytes},
+          {"fits_memory", r.fits_memory},
+          {"bytes_moved", r.bytes_moved},
+          {"max_buffer_bytes", r.max_buffer_bytes},
+          {"cp", r.cp},
+          {"tolerance_used", r.tolerance_used},
+          {"breakdown_per_layer_s",
+           {{"forward_linear", b.forward_linear_s},
+            {"backward_linear", b.backward_linear_s},
+            {"forward_attention", b.forward_attention_s},
+            {"backward_attention", b.backward_attention_s},
+            {"forward_comm", b.forward_comm_s},
+            {"backward_comm", b.backward_comm_s}}},
+          {"iteration_per_batch_s", r.iteration_per_batch}};
+}
+
+void PrintTable(const std::vector<SimResult>& results, bool breakdown) {
+  fmt::print("{:<13} {:>9} {:>11} {:>8} {:>6} {:>9} {:>9} {:>9} {:>9} {:>3} {:>5}\n", "strategy", "iter s", "tokens/s",
+             "speedup", "idle", "mem max", "mem mean", "moved", "buffer", "cp", "eps");
+  for (const SimResult& r : results) {
+    fmt::print("{:<13} {:>9.4f} {:>11.4g} {:>8} {:>6.3f} {:>7.1f}GB{} {:>7.1f}GB {:>7.1f}GB {:>7.3f}GB {:>3} {:>5}\n",
+               distca::SimStrategyName(r.strategy), r.iteration_s, r.tokens_per_s,
+               r.speedup > 0 ? fmt::format("{:.3f}x", r.speedup) : "-", r.idle_fraction, r.memory_max_bytes * 1e-9,
+               r.fits_memory ? " " : "!", r.memory_mean_bytes * 1e-9, r.bytes_moved * 1e-9, r.max_buffer_bytes * 1e-9,
+               r.cp > 0 ? std::to_string(r.cp) : "-", r.cp > 0 ? "-" : fmt::format("{:.2f}", r.tolerance_used));
+  }
+  bool over = false;
+  for (const SimResult& r : results) over |= !r.fits_memory;
+  if (over) fmt::print("! over the device memory of the hardware profile\n");
+  if (!breakdown) return;
+  fmt::print("\nper layer, summed over one iteration's micro-batches, mean over ranks (ms):\n");
+  fmt::print("{:<13} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}\n", "strategy", "fwd lin", "bwd lin", "fwd CA", "bwd CA",
+             "fwd comm", "bwd comm");
+  for (const SimResult& r : results) {
+    const distca::SimBreakdown& b = r.breakdown;
+    fmt::print("{:<13} {:>9.2f} {:>9.2f} {:>9.2f} {:>9.2f} {:>9.2f} {:>9.2f}\n", distca::SimStrategyName(r.strategy),
+               b.forward_linear_s * 1e3, b.backward_linear_s * 1e3, b.forward_attention_s * 1e3,
+               b.backward_attention_s * 1e3, b.forward_comm_s * 1e3, b.backward_comm_s * 1e3);
+  }
+}
+
+// --paper-grid: every grid point, all strategies; CSV and a chart.
+int RunGrid(const Args& a, const std::vector<int64_t>& pool, const std::vector<distca::SimStrategy>& strategies) {
+  if (a.out_dir.empty()) return Fail("--paper-grid needs --out DIR");
+  std::vector<distca::GridPoint> points;
+  Status s = distca::PaperGrid(a.paper_grid, &points);
+  if (!s.ok()) return Fail(s.message());
+  std::error_code ec;
+  std::filesystem::create_directories(a.out_dir, ec);
+  if (ec) return Fail(fmt::format("cannot create '{}': {}", a.out_dir, ec.message()));
+  distca::WallTimer timer;
+  std::string csv = distca::GridCsvHeader();
+  for (const distca::GridPoint& p : points) {
+    SimOptions o = a.sim;
+    s = distca::ModelPreset(p.model, &o.model);
+    if (!s.ok()) return Fail(s.message());
+    o.gpus = p.gpus;
+    o.tp = p.tp;
+    o.pp = p.pp;
+    o.max_doc_len = p.max_doc_len;
+    o.batch_size = p.batch_size;
+    std::vector<std::vector<int64_t>> batches;
+    std::vector<SimResult> results;
+    s = Sample(pool, a, o, p.elongate, &batches);
+    if (s.ok()) s = distca::Simulate(o, batches, strategies, &results);
+    if (!s.ok()) return Fail(fmt::format("{}: {}", p.Label(), s.message()));
+    std::string line = fmt::format("{:<14}", p.Label());
+    for (const SimResult& r : results) {
+      csv += distca::GridCsvRow(p, r);
+      line += fmt::format("  {} {:.3f}s {:.3f}x", distca::SimStrategyName(r.strategy), r.iteration_s, r.speedup);
+    }
+    fmt::print("{}\n", line);
+    std::fflush(stdout);
+  }
+  const std::string base = a.out_dir + "/grid_" + a.paper_grid;
+  const std::string png = a.out_dir + "/speedup_" + a.paper_grid + ".png";
+  const std::string script = base + ".gp";
+  s = distca::WriteFileAtomic(base + ".csv", csv);
+  if (s.ok())
+    s = distca::WriteTextFile(
+        script, distca::SpeedupPlotScript(base + ".csv", png,
+                                          fmt::format("speedup over wlb-ideal, {} grid, {} batches per configuration",
+                                                      a.paper_grid, a.batches),
+                                          strategies));
+  if (!s.ok()) return Fail(s.message());
+  fmt::print("grid: {} configurations x {} strategies in {:.1f} s; wrote {}.csv\n", points.size(), strategies.size(),
+             timer.Seconds(), base);
+  const std::string command = fmt::format("gnuplot '{}'", script);
+  const int rc = std::system(command.c_str());
+  if (rc != 0)
+    return Fail(fmt::format("'{}' failed (exit status {}); is gnuplot installed (scripts/install-deps)?", command, rc));
+  fmt::print("wrote {}\n", png);
+  return 0;
+}
+
+// --tolerance-sweep: CAD strategies at eps in {0, 0.05, 0.1, 0.2, 0.4}, no comm budget.
+int RunToleranceSweep(const Args& a, const std::vector<std::vector<int64_t>>& batches,
+                      const std::vector<distca::SimStrategy>& strategies) {
+  std::vector<distca::SimStrategy> cad;
+  for (distca::SimStrategy st : strategies)
+    if (st == distca::SimStrategy::kDistca || st == distca::SimStrategy::kDistcaPaper) cad.push_back(st);
+  if (cad.empty()) return Fail("--tolerance-sweep needs distca or distca-paper among --strategies");
+  if (!a.json)
+    fmt::print("{:>5} {:<13} {:>9} {:>10} {:>12}\n", "eps", "strategy", "iter s", "max buffer", "moved/iter");
+  for (double eps : {0.0, 0.05, 0.1, 0.2, 0.4}) {
+    SimOptions o = a.sim;
+    o.tolerance = eps;
+    o.comm_budget = 0;
+    std::vector<SimResult> results;
+    const Status s = distca::Simulate(o, batches, cad, &results);
+    if (!s.ok()) return Fail(s.message());
+    for (const SimResult& r : results) {
+      if (a.json)
+        fmt::print("{}\n", ToJson(o, r).dump());
+      else
+        fmt::print("{:>5.2f} {:<13} {:>9.4f} {:>8.3f}GB {:>10.1f}GB\n", eps, distca::SimStrategyName(r.strategy),
+                   r.iteration_s, r.max_buffer_bytes * 1e-9, r.bytes_moved * 1e-9);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"distca-sim: simulate long-context training strategies on a cluster"};
+  Args a;
+  SimOptions& o = a.sim;
+  const auto pos = distca::cli::kPositive;
+  const auto nonneg = distca::cli::kNonNegative;
+  app.add_option("--model", a.preset, "preset: llama3-8b, llama-34b, small, tiny (Default: llama3-8b)");
+  app.add_option("--num-layers", a.num_layers, "override the preset's layers")->check(pos);
+  app.add_option("--hidden-size", a.hidden, "override the hidden size")->check(pos);
+  app.add_option("--num-attention-heads", a.heads, "override the query heads")->check(pos);
+  app.add_option("--num-query-groups", a.groups, "override the KV heads (GQA groups)")->check(pos);
+  app.add_option("--ffn-hidden-size", a.ffn, "override the MLP width")->check(pos);
+  app.add_option("--vocab-size", a.vocab, "override the vocabulary")->check(pos);
+  app.add_option("--hardware", a.hardware, "hardware profile JSON (Default: configs/hardware/h200-dgx.json)");
+  app.add_option("--gpus", o.gpus, "devices N (a multiple of tp x pp)")->check(pos);
+  app.add_option("--tp", o.tp, "tensor parallelism: devices per rank (Default: 8)")->check(pos);
+  app.add_option("--pp", o.pp, "pipeline stages (Default: 1)")->check(pos);
+  app.add_option("--cp", o.cp, "baselines' CP degree (Default: best of a sweep over powers of two)")->check(pos);
+  app.add_option("--max-doc-len", o.max_doc_len, "L: chunk length and longest document, tokens")->check(pos);
+  app.add_option("--batch-size", o.batch_size, "B: L-token chunks per iteration (a multiple of gpus / (tp x pp))")
+      ->check(pos);
+  app.add_option("--lengths", a.lengths, "JSON array of document lengths to sample from")->required();
+  app.add_option("--batches", a.batches, "sampled batches per configuration (Default: 30)")->check(pos);
+  app.add_option("--upsample", a.recipe.upsample, "copies of each long document (Default: 1; grid: 4)")->check(pos);
+  app.add_option("--upsample-threshold", a.recipe.upsample_threshold, "length from which a document is long (65536)")
+      ->check(pos);
+  app.add_option("--filter-ratio", a.recipe.filter_ratio, "share of short documents kept (Default: 1; grid: 0.5)")
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--elongate", a.recipe.elongate, "length multiplier (Default: 1; grid: L / 128K)")->check(pos);
+  app.add_option("--seed", a.recipe.seed, "sampling seed (Default: 0)");
+  app.add_option("--strategies", a.strategies, "comma-separated (Default: wlb-ideal,megatron,distca-paper,distca)");
+  app.add_option("--servers", o.dedicated_servers, "distca: dedicated attention servers per stage (Default: 0)")
+      ->check(nonneg);
+  app.add_flag("--no-ping-pong", a.no_ping_pong, "CAD without nano-batch overlap");
+  app.add_option("--tolerance", o.tolerance, "CAD planner's initial eps (Default: 0.05)")->check(nonneg);
+  app.add_option("--comm-budget", o.comm_budget, "CAD per-rank bytes per plan, 0 = unlimited (Default: 2e9)")
+      ->check(nonneg);
+  app.add_option("--threads", o.threads, "OpenMP threads over batches (Default: OMP_NUM_THREADS)")->check(pos);
+  app.add_flag("--json", a.json, "one JSON object per strategy per line");
+  app.add_flag("--breakdown", a.breakdown, "also print per-layer linear / attention / comm times");
+  app.add_option("--paper-grid", a.paper_grid, "3d or 4d: the paper-style grid, all strategies")
+      ->check(CLI::IsMember({"3d", "4d"}));
+  app.add_option("--out", a.out_dir, "with --paper-grid: directory for grid_<d>.csv and speedup_<d>.png");
+  app.add_flag("--tolerance-sweep", a.tolerance_sweep, "CAD time and buffer at eps 0, 0.05, 0.1, 0.2, 0.4");
+  CLI11_PARSE(app, argc, argv);
+
+  Status s = distca::ModelPreset(a.preset, &o.model);
+  if (!s.ok()) return Fail(s.message());
+  if (a.num_layers) o.model.num_layers = *a.num_layers;
+  if (a.hidden) o.model.hidden = *a.hidden;
+  if (a.heads) o.model.q_heads = *a.heads;
+  if (a.groups) o.model.kv_heads = *a.groups;
+  if (a.ffn) o.model.ffn_hidden = *a.ffn;
+  if (a.vocab) o.model.vocab_size = *a.vocab;
+  o.ping_pong = !a.no_ping_pong;
+  std::vector<distca::SimStrategy> strategies;
+  s = distca::ParseSimStrategies(a.strategies, &strategies);
+  if (!s.ok()) return Fail(s.message());
+  s = distca::LoadHardwareProfile(FindHardware(a.hardware), &o.hardware);
+  if (!s.ok()) return Fail(s.message());
+  std::string text;
+  std::vector<int64_t> pool;
+  s = distca::ReadTextFile(a.lengths, &text);
+  if (s.ok()) s = distca::ParseLengthsJson(text, &pool).WithContext(a.lengths);
+  if (!s.ok()) return Fail(s.message());
+
+  if (!a.paper_grid.empty()) {
+    if (a.tolerance_sweep) return Fail("--paper-grid and --tolerance-sweep are separate runs");
+    // The paper's Pretrain recipe unless overridden on the command line.
+    if (app.count("--upsample") == 0) a.recipe.upsample = 4;
+    if (app.count("--filter-ratio") == 0) a.recipe.filter_ratio = 0.5;
+    return RunGrid(a, pool, strategies);
+  }
+  if (o.gpus == 0 || o.max_doc_len == 0 || o.batch_size == 0)
+    return Fail("--gpus, --max-doc-len and --batch-size are required (or --paper-grid)");
+  s = distca::ValidateSimOptions(o);
+  if (!s.ok()) return Fail(s.message());
+  std::vector<std::vector<int64_t>> batches;
+  s = Sample(pool, a, o, a.recipe.elongate, &batches);
+  if (!s.ok()) return Fail(s.message());
+  if (a.tolerance_sweep) return RunToleranceSweep(a, batches, strategies);
+
+  distca::WallTimer timer;
+  std::vector<SimResult> results;
+  s = distca::Simulate(o, batches, strategies, &results);
+  if (!s.ok()) return Fail(s.message());
+  if (a.json) {
+    for (const SimResult& r : results) fmt::print("{}\n", ToJson(o, r).dump());
+    return 0;
+  }
+  const int ranks = o.gpus / (o.tp * o.pp);
+  fmt::print(
+      "{} on {} ({} GPUs: tp {}, pp {}, {} ranks per stage), L {}, B {} ({} micro-batches per rank), {} batches"
+      ", ping-pong {}\n",
+      o.model.name, o.hardware.name, o.gpus, o.tp, o.pp, ranks, o.max_doc_len, o.batch_size, o.batch_size / ranks,
+      batches.size(), o.ping_pong ? "on" : "off");
+  PrintTable(results, a.breakdown);
+  fmt::print("simulated in {:.2f} s\n", timer.Seconds());
+  return 0;
+}
