@@ -111,13 +111,15 @@ Status BuildPlan(const std::vector<int64_t>& doc_lengths, const PlanOptions& o, 
   double eps = o.tolerance;
   DISTCA_RETURN_IF_ERROR(PlanOnce(o, cost, eps, &p));
   if (o.comm_budget > 0 && p.stats.traffic.max_rank_bytes() > o.comm_budget) {
-    // Raise eps until the busiest rank's traffic fits. Beyond the colocated
-    // plan's own imbalance nothing moves, so that is where the search ends.
+    // Raise eps until the busiest rank's traffic fits. Once eps covers the
+    // colocated plan's own imbalance on both sides, no policy moves anything
+    // (distca caps the maximum at (1 + eps) mean; the paper's recipients pull
+    // only while their deficit exceeds eps * mean), so the search ends there.
     Plan colocated = p;
     PlanOptions co = o;
     co.policy = PlanPolicy::kColocated;
     DISTCA_RETURN_IF_ERROR(PlanOnce(co, cost, 0.0, &colocated));
-    const double eps_max = colocated.stats.max_over_mean() - 1.0;
+    const double eps_max = std::max(colocated.stats.max_over_mean() - 1.0, 1.0 - colocated.stats.min_over_mean());
     if (colocated.stats.traffic.max_rank_bytes() > o.comm_budget)
       return Status::InvalidArgument(
           fmt::format("comm budget {} bytes is below what the linear layout alone moves "

@@ -250,6 +250,30 @@ TEST(PlannerTest, CommBudgetRaisesTolerance) {
   }
 }
 
+// The tightest budget (what the layout alone moves) must be reachable by
+// every policy: the paper policy's recipients keep pulling while their
+// deficit exceeds eps * mean, so its search runs past the colocated max/mean.
+TEST(PlannerTest, TightestCommBudgetFitsEveryPolicy) {
+  // Loads 1, 1, 1, 0.5: max/mean - 1 = 0.14 but rank 3's deficit is 0.43 of the mean.
+  const std::vector<int64_t> shallow = {4096, 4096, 4096, 2048, 2048};
+  for (PlanPolicy policy : {PlanPolicy::kPaper, PlanPolicy::kDistca}) {
+    for (const std::vector<int64_t>& docs : {Skewed(), shallow}) {
+      PlanOptions o;
+      o.ranks = 4;
+      const CostModel cost = CostModel::Flops(o.model);
+      Plan colocated, p;
+      o.policy = PlanPolicy::kColocated;
+      ASSERT_TRUE(BuildPlan(docs, o, cost, &colocated).ok());
+      o.policy = policy;
+      o.comm_budget = std::max<int64_t>(1, colocated.stats.traffic.max_rank_bytes());
+      const Status s = BuildPlan(docs, o, cost, &p);
+      ASSERT_TRUE(s.ok()) << PlanPolicyName(policy) << ": " << s.ToString();
+      EXPECT_TRUE(ValidatePlan(p, cost).ok());
+      EXPECT_LE(p.stats.traffic.max_rank_bytes(), o.comm_budget);
+    }
+  }
+}
+
 TEST(PlannerTest, BadOptions) {
   const CostModel cost = CostModel::Flops(PlanModel{});
   Plan p;
