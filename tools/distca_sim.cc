@@ -33,9 +33,10 @@ struct Args {
   std::string preset = "llama3-8b";
   std::optional<int> num_layers, hidden, heads, groups, ffn, vocab;
   std::string hardware = "configs/hardware/h200-dgx.json";
-  std::string lengths, strategies = "wlb-ideal,megatron,distca-paper,distca";
+  std::string lengths, docs_file, strategies = "wlb-ideal,megatron,distca-paper,distca";
   std::string paper_grid, out_dir;
   distca::WorkloadRecipe recipe;
+  distca::GridRecipe grid_recipe;
   SimOptions sim;
   int batches = 30;
   bool no_ping_pong = false, json = false, tolerance_sweep = false, breakdown = false;
@@ -75,7 +76,7 @@ nlohmann::json ToJson(const SimOptions& o, const SimResult& r) {
           {"idle_fraction", r.idle_fraction},
           {"memory_max_bytes", r.memory_max_bytes},
           {"memory_mean_bytes", r.memory_mean_bytes},
-          {"fits_memory", r.fits_memory},
+          {"memory_fits", r.memory_fits},
           {"bytes_moved", r.bytes_moved},
           {"max_buffer_bytes", r.max_buffer_bytes},
           {"cp", r.cp},
@@ -90,6 +91,10 @@ nlohmann::json ToJson(const SimOptions& o, const SimResult& r) {
           {"iteration_per_batch_s", r.iteration_per_batch}};
 }
 
+bool IsCad(distca::SimStrategy s) {
+  return s == distca::SimStrategy::kDistca || s == distca::SimStrategy::kDistcaPaper;
+}
+
 void PrintTable(const std::vector<SimResult>& results, bool breakdown) {
   fmt::print("{:<13} {:>9} {:>11} {:>8} {:>6} {:>9} {:>9} {:>9} {:>9} {:>3} {:>5}\n", "strategy", "iter s", "tokens/s",
              "speedup", "idle", "mem max", "mem mean", "moved", "buffer", "cp", "eps");
@@ -97,12 +102,12 @@ void PrintTable(const std::vector<SimResult>& results, bool breakdown) {
     fmt::print("{:<13} {:>9.4f} {:>11.4g} {:>8} {:>6.3f} {:>7.1f}GB{} {:>7.1f}GB {:>7.1f}GB {:>7.3f}GB {:>3} {:>5}\n",
                distca::SimStrategyName(r.strategy), r.iteration_s, r.tokens_per_s,
                r.speedup > 0 ? fmt::format("{:.3f}x", r.speedup) : "-", r.idle_fraction, r.memory_max_bytes * 1e-9,
-               r.fits_memory ? " " : "!", r.memory_mean_bytes * 1e-9, r.bytes_moved * 1e-9, r.max_buffer_bytes * 1e-9,
-               r.cp > 0 ? std::to_string(r.cp) : "-", r.cp > 0 ? "-" : fmt::format("{:.2f}", r.tolerance_used));
+               r.memory_fits ? " " : "!", r.memory_mean_bytes * 1e-9, r.bytes_moved * 1e-9, r.max_buffer_bytes * 1e-9,
+               r.cp, IsCad(r.strategy) ? fmt::format("{:.2f}", r.tolerance_used) : "-");
   }
   bool over = false;
-  for (const SimResult& r : results) over |= !r.fits_memory;
-  if (over) fmt::print("! over the device memory of the hardware profile\n");
+  for (const SimResult& r : results) over |= !r.memory_fits;
+  if (over) fmt::print("! over the device memory of the hardware profile even at the largest CP degree (c_min)\n");
   if (!breakdown) return;
   fmt::print("\nper layer, summed over one iteration's micro-batches, mean over ranks (ms):\n");
   fmt::print("{:<13} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}\n", "strategy", "fwd lin", "bwd lin", "fwd CA", "bwd CA",
@@ -115,11 +120,33 @@ void PrintTable(const std::vector<SimResult>& results, bool breakdown) {
   }
 }
 
+// --docs-file: every batch is one iteration's global batch of T tokens; the
+// ranks hold T / G tokens each (as distca-train's --tokens-per-rank default),
+// i.e. one chunk of L = T / G per rank: B = G.
+Status DocsFileShape(const std::vector<std::vector<int64_t>>& batches, int ranks, SimOptions* o) {
+  if (ranks <= 0) return Status::InvalidArgument("gpus must be a positive multiple of tp x pp");
+  int64_t total = -1;
+  for (size_t b = 0; b < batches.size(); ++b) {
+    int64_t t = 0;
+    for (int64_t len : batches[b]) t += len;
+    if (total >= 0 && t != total)
+      return Status::InvalidArgument(
+          fmt::format("batches[{}] holds {} tokens, batches[0] {}: every batch must hold the same total", b, t, total));
+    total = t;
+  }
+  if (total % ranks != 0)
+    return Status::InvalidArgument(
+        fmt::format("the batch total {} is not a multiple of the {} ranks per stage (gpus / (tp x pp))", total, ranks));
+  o->max_doc_len = total / ranks;
+  o->batch_size = ranks;
+  return Status::Ok();
+}
+
 // --paper-grid: every grid point, all strategies; CSV and a chart.
 int RunGrid(const Args& a, const std::vector<int64_t>& pool, const std::vector<distca::SimStrategy>& strategies) {
   if (a.out_dir.empty()) return Fail("--paper-grid needs --out DIR");
   std::vector<distca::GridPoint> points;
-  Status s = distca::PaperGrid(a.paper_grid, &points);
+  Status s = distca::PaperGrid(a.paper_grid, &points, a.grid_recipe);
   if (!s.ok()) return Fail(s.message());
   std::error_code ec;
   std::filesystem::create_directories(a.out_dir, ec);
@@ -174,7 +201,7 @@ int RunToleranceSweep(const Args& a, const std::vector<std::vector<int64_t>>& ba
                       const std::vector<distca::SimStrategy>& strategies) {
   std::vector<distca::SimStrategy> cad;
   for (distca::SimStrategy st : strategies)
-    if (st == distca::SimStrategy::kDistca || st == distca::SimStrategy::kDistcaPaper) cad.push_back(st);
+    if (IsCad(st)) cad.push_back(st);
   if (cad.empty()) return Fail("--tolerance-sweep needs distca or distca-paper among --strategies");
   if (!a.json)
     fmt::print("{:>5} {:<13} {:>9} {:>10} {:>12}\n", "eps", "strategy", "iter s", "max buffer", "moved/iter");
@@ -219,7 +246,10 @@ int main(int argc, char** argv) {
   app.add_option("--max-doc-len", o.max_doc_len, "L: chunk length and longest document, tokens")->check(pos);
   app.add_option("--batch-size", o.batch_size, "B: L-token chunks per iteration (a multiple of gpus / (tp x pp))")
       ->check(pos);
-  app.add_option("--lengths", a.lengths, "JSON array of document lengths to sample from")->required();
+  app.add_option("--lengths", a.lengths, "JSON array of document lengths to sample from");
+  app.add_option("--docs-file", a.docs_file,
+                 "JSON {\"batches\": [[len, ...], ...]}: each batch one iteration's global batch (all of equal "
+                 "total, a multiple of gpus / (tp x pp)); sets L = total / G and B = G; replaces --lengths");
   app.add_option("--batches", a.batches, "sampled batches per configuration (Default: 30)")->check(pos);
   app.add_option("--upsample", a.recipe.upsample, "copies of each long document (Default: 1; grid: 4)")->check(pos);
   app.add_option("--upsample-threshold", a.recipe.upsample_threshold, "length from which a document is long (65536)")
@@ -228,7 +258,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 1.0));
   app.add_option("--elongate", a.recipe.elongate, "length multiplier (Default: 1; grid: L / 128K)")->check(pos);
   app.add_option("--seed", a.recipe.seed, "sampling seed (Default: 0)");
-  app.add_option("--strategies", a.strategies, "comma-separated (Default: wlb-ideal,megatron,distca-paper,distca)");
+  app.add_option("--strategies", a.strategies,
+                 "comma-separated from wlb-ideal, megatron, distca-paper, distca, colocated (Default: "
+                 "wlb-ideal,megatron,distca-paper,distca)");
   app.add_option("--servers", o.dedicated_servers, "distca: dedicated attention servers per stage (Default: 0)")
       ->check(nonneg);
   app.add_flag("--no-ping-pong", a.no_ping_pong, "CAD without nano-batch overlap");
@@ -241,6 +273,12 @@ int main(int argc, char** argv) {
   app.add_option("--paper-grid", a.paper_grid, "3d or 4d: the paper-style grid, all strategies")
       ->check(CLI::IsMember({"3d", "4d"}));
   app.add_option("--out", a.out_dir, "with --paper-grid: directory for grid_<d>.csv and speedup_<d>.png");
+  app.add_option("--grid-elongate-base", a.grid_recipe.elongate_base,
+                 "with --paper-grid: elongate = L / this (Default: 131072; the DistCA artifact: 65536)")
+      ->check(pos);
+  app.add_option("--grid-tokens-per-rank", a.grid_recipe.tokens_per_rank,
+                 "with --paper-grid: B = pp G T / L chunks instead of 2 pp G (Default: 0 = 2 chunks per rank)")
+      ->check(nonneg);
   app.add_flag("--tolerance-sweep", a.tolerance_sweep, "CAD time and buffer at eps 0, 0.05, 0.1, 0.2, 0.4");
   CLI11_PARSE(app, argc, argv);
 
@@ -258,26 +296,48 @@ int main(int argc, char** argv) {
   if (!s.ok()) return Fail(s.message());
   s = distca::LoadHardwareProfile(FindHardware(a.hardware), &o.hardware);
   if (!s.ok()) return Fail(s.message());
+  if (a.lengths.empty() == a.docs_file.empty()) return Fail("give exactly one of --lengths and --docs-file");
   std::string text;
-  std::vector<int64_t> pool;
-  s = distca::ReadTextFile(a.lengths, &text);
-  if (s.ok()) s = distca::ParseLengthsJson(text, &pool).WithContext(a.lengths);
-  if (!s.ok()) return Fail(s.message());
-
-  if (!a.paper_grid.empty()) {
-    if (a.tolerance_sweep) return Fail("--paper-grid and --tolerance-sweep are separate runs");
-    // The paper's Pretrain recipe unless overridden on the command line.
-    if (app.count("--upsample") == 0) a.recipe.upsample = 4;
-    if (app.count("--filter-ratio") == 0) a.recipe.filter_ratio = 0.5;
-    return RunGrid(a, pool, strategies);
-  }
-  if (o.gpus == 0 || o.max_doc_len == 0 || o.batch_size == 0)
-    return Fail("--gpus, --max-doc-len and --batch-size are required (or --paper-grid)");
-  s = distca::ValidateSimOptions(o);
-  if (!s.ok()) return Fail(s.message());
   std::vector<std::vector<int64_t>> batches;
-  s = Sample(pool, a, o, a.recipe.elongate, &batches);
-  if (!s.ok()) return Fail(s.message());
+  if (!a.docs_file.empty()) {
+    if (!a.paper_grid.empty()) return Fail("--paper-grid samples from --lengths, not --docs-file");
+    if (app.count("--max-doc-len") > 0 || app.count("--batch-size") > 0)
+      return Fail(
+          "--docs-file sets the chunk and batch sizes itself (tokens per rank = batch total / G); drop "
+          "--max-doc-len and --batch-size");
+    if (o.gpus == 0) return Fail("--gpus is required");
+    SimOptions shape = o;  // the parallel shape alone, before the docs file sets L and B
+    shape.max_doc_len = shape.batch_size = 1;
+    shape.cp = 0;
+    s = distca::ValidateSimOptions(shape);
+    if (!s.ok()) return Fail(s.message());
+    s = distca::ReadTextFile(a.docs_file, &text);
+    if (s.ok()) s = distca::ParseBatchesJson(text, &batches).WithContext(a.docs_file);
+    if (!s.ok()) return Fail(s.message());
+    s = DocsFileShape(batches, o.gpus / (o.tp * o.pp), &o);
+    if (!s.ok()) return Fail(fmt::format("{}: {}", a.docs_file, s.message()));
+    s = distca::ValidateSimOptions(o);
+    if (!s.ok()) return Fail(s.message());
+  } else {
+    std::vector<int64_t> pool;
+    s = distca::ReadTextFile(a.lengths, &text);
+    if (s.ok()) s = distca::ParseLengthsJson(text, &pool).WithContext(a.lengths);
+    if (!s.ok()) return Fail(s.message());
+
+    if (!a.paper_grid.empty()) {
+      if (a.tolerance_sweep) return Fail("--paper-grid and --tolerance-sweep are separate runs");
+      // The paper's Pretrain recipe unless overridden on the command line.
+      if (app.count("--upsample") == 0) a.recipe.upsample = 4;
+      if (app.count("--filter-ratio") == 0) a.recipe.filter_ratio = 0.5;
+      return RunGrid(a, pool, strategies);
+    }
+    if (o.gpus == 0 || o.max_doc_len == 0 || o.batch_size == 0)
+      return Fail("--gpus, --max-doc-len and --batch-size are required (or --paper-grid, or --docs-file)");
+    s = distca::ValidateSimOptions(o);
+    if (!s.ok()) return Fail(s.message());
+    s = Sample(pool, a, o, a.recipe.elongate, &batches);
+    if (!s.ok()) return Fail(s.message());
+  }
   if (a.tolerance_sweep) return RunToleranceSweep(a, batches, strategies);
 
   distca::WallTimer timer;
@@ -290,10 +350,10 @@ int main(int argc, char** argv) {
   }
   const int ranks = o.gpus / (o.tp * o.pp);
   fmt::print(
-      "{} on {} ({} GPUs: tp {}, pp {}, {} ranks per stage), L {}, B {} ({} micro-batches per rank), {} batches"
+      "{} on {} ({} GPUs: tp {}, pp {}, {} ranks per stage), L {}, B {} ({:.3g} chunk(s) per rank), {} batches"
       ", ping-pong {}\n",
-      o.model.name, o.hardware.name, o.gpus, o.tp, o.pp, ranks, o.max_doc_len, o.batch_size, o.batch_size / ranks,
-      batches.size(), o.ping_pong ? "on" : "off");
+      o.model.name, o.hardware.name, o.gpus, o.tp, o.pp, ranks, o.max_doc_len, o.batch_size,
+      double(o.batch_size) / ranks, batches.size(), o.ping_pong ? "on" : "off");
   PrintTable(results, a.breakdown);
   fmt::print("simulated in {:.2f} s\n", timer.Seconds());
   return 0;

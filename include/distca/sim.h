@@ -6,8 +6,12 @@
 //
 // Vocabulary (as in the planner): a "rank" is one tensor-parallel group of
 // `tp` devices; a pipeline stage has G = gpus / (tp * pp) ranks; a "chunk" is
-// max_doc_len (L) tokens, and an iteration processes batch_size (B) chunks,
-// m = B / G micro-batches of one chunk per rank.
+// max_doc_len (L) tokens, and an iteration processes batch_size (B) chunks.
+// A micro-batch is one chunk: with context-parallel degree c it is spread over
+// the c ranks of a CP group (L / c tokens each) and each of the d = G / c
+// data-parallel replicas runs B / d of them. CAD holds L / c_min tokens per
+// rank (c_min: the smallest power of two whose tokens fit in memory) and runs
+// waves of G / c_min chunks over all G ranks.
 #pragma once
 
 #include <cstdint>
@@ -36,6 +40,9 @@ struct HardwareProfile {
   // (query length, fraction of peak) points of core attention, q_len increasing;
   // piecewise linear in log2(q_len), clamped at both ends.
   std::vector<std::pair<double, double>> attention_efficiency;
+  // Backward / forward time of core attention (optional in the JSON).
+  // Default: 2.5, the FLOP ratio (DESIGN.md section 3)
+  double attention_backward_factor = 2.5;
   int dtype_bytes = 0;        // bytes per activation element
   double memory_bytes = 0.0;  // per device
   LinkProfile intra_node, inter_node;
@@ -53,27 +60,34 @@ enum class SimStrategy {
   kMegatron,     // fixed-length chunks + zig-zag CP, best CP by sweep
   kDistcaPaper,  // CAD as published: paper policy, dummy work in pipeline bubbles
   kDistca,       // CAD with this project's policy; bubbles serve attention only
+  kColocated,    // distca-train --attention colocated: linear layout, each rank serves its own tokens
 };
 
 const char* SimStrategyName(SimStrategy strategy);
-// "wlb-ideal,megatron,distca-paper,distca" (any subset, any order, no repeats).
+// "wlb-ideal,megatron,distca-paper,distca,colocated" (any subset, any order, no repeats).
 Status ParseSimStrategies(std::string_view list, std::vector<SimStrategy>* strategies);
 
 struct SimOptions {
-  ModelConfig model;          // required (ModelPreset + overrides)
-  HardwareProfile hardware;   // required
-  int gpus = 0;               // N, required; a multiple of tp * pp
-  int tp = 8;                 // devices per rank. Default: 8
-  int pp = 1;                 // pipeline stages; num_layers must be a multiple. Default: 1
-  int64_t max_doc_len = 0;    // L, tokens per chunk; required
-  int batch_size = 0;         // B chunks per iteration; a multiple of G; required
-  int cp = 0;                 // baselines' CP degree (divides G); 0 = best of a sweep. Default: 0
+  ModelConfig model;         // required (ModelPreset + overrides)
+  HardwareProfile hardware;  // required
+  int gpus = 0;              // N, required; a multiple of tp * pp
+  int tp = 8;                // devices per rank. Default: 8
+  int pp = 1;                // pipeline stages; num_layers must be a multiple. Default: 1
+  int64_t max_doc_len = 0;   // L, tokens per chunk; required
+  int batch_size = 0;        // B chunks per iteration; required (see Simulate for divisibility)
+  // Baselines' CP degree (divides G; G / cp must divide B); 0 = the fastest
+  // of a sweep among the degrees whose memory fits. Default: 0
+  int cp = 0;
   int dedicated_servers = 0;  // distca: extra attention-only ranks per stage. Default: 0
-  bool ping_pong = true;      // CAD: two nano-batches overlapping compute and traffic. Default: on
-  double tolerance = 0.05;    // CAD: initial eps of the planner. Default: 0.05
+  // CAD: two nano-batches overlapping compute and traffic; off: one plan per
+  // wave, its traffic exposed (distca-train --ping-pong off). Default: on
+  bool ping_pong = true;
+  double tolerance = 0.05;  // CAD: initial eps of the planner. Default: 0.05
   // CAD: bytes any device may send or receive per plan (one layer, forward +
   // backward; a rank's budget is tp times this, PlanOptions::comm_budget);
-  // 0 = unlimited. Default: 2 GB (DistCA's buffer)
+  // 0 = unlimited. The buffer is allocated memory: CAD's memory counts it per
+  // device (with 0, the largest per-layer send + receive). Default: 2 GB
+  // (DistCA's NVSHMEM buffer)
   int64_t comm_budget = 2'000'000'000;
   int threads = 0;  // OpenMP threads over batches; 0 = OMP_NUM_THREADS. Default: 0
 };
@@ -97,20 +111,29 @@ struct SimResult {
   double idle_fraction = 0;     // mean over batches and ranks of (iteration - busy) / iteration
   double memory_max_bytes = 0;  // per device, max over ranks and batches
   double memory_mean_bytes = 0;
-  bool fits_memory = true;      // memory_max_bytes <= hardware.memory_bytes
+  // memory_max_bytes <= hardware.memory_bytes. False also says that no CP
+  // degree (c_min for CAD) fitted and the largest one was used.
+  bool memory_fits = true;
   double bytes_moved = 0;       // per iteration, mean over batches, all ranks
   double max_buffer_bytes = 0;  // CAD: largest per-rank send + receive of one layer, per device
-  int cp = 0;                   // baselines: CP degree used (0 for CAD)
-  double tolerance_used = 0;    // CAD: mean eps of the plans (after comm-budget raises)
-  SimBreakdown breakdown;       // mean over batches
+  // Baselines: the CP degree c used; CAD: c_min (each rank holds L / c_min
+  // tokens per wave); colocated: 1.
+  int cp = 0;
+  double tolerance_used = 0;  // CAD: mean eps of the plans (after comm-budget raises)
+  SimBreakdown breakdown;     // mean over batches
   std::vector<double> iteration_per_batch;
 };
 
 Status ValidateSimOptions(const SimOptions& options);
 
-// Simulates every strategy on every batch (each a list of document lengths
-// summing to B * L tokens, none longer than L). Results are in `strategies`
-// order; `speedup` is filled when kWlbIdeal is among them.
+// Simulates every strategy on every batch (each a list of positive document
+// lengths summing to B * L tokens; a document longer than L, possible in a
+// docs file, stays one micro-batch of its own for wlb-ideal and is cut by
+// megatron). Results are in `strategies` order; `speedup` is filled when
+// kWlbIdeal is among them. Divisibility: the baselines only consider CP
+// degrees c with G / c dividing B (with options.cp set, an error names it);
+// CAD needs G / c_min to divide B (c_min is raised until it does); colocated
+// needs G to divide B.
 Status Simulate(const SimOptions& options, const std::vector<std::vector<int64_t>>& batches,
                 const std::vector<SimStrategy>& strategies, std::vector<SimResult>* results);
 
@@ -126,8 +149,19 @@ struct GridPoint {
   std::string Label() const;  // e.g. "8B 128K 64"
 };
 
+// How the grid sizes its workload. The defaults are the grid (m = 2
+// chunks per rank and stage, elongate = L / 128K); the DistCA artifact's
+// benchmark scripts use elongate = L / 64K and a global batch that holds a
+// fixed number of tokens instead (docs/simulator.md, "Gap analysis").
+struct GridRecipe {
+  int64_t elongate_base = 131072;  // elongate = L / elongate_base. Default: 128K
+  // 0: B = 2 pp G chunks. Else tokens per rank and stage per iteration:
+  // B = pp G tokens_per_rank / L (at least one chunk). Default: 0
+  int64_t tokens_per_rank = 0;
+};
+
 // dims "3d" (pp 1) or "4d" (pp 2 for llama3-8b, 4 for llama-34b).
-Status PaperGrid(std::string_view dims, std::vector<GridPoint>* points);
+Status PaperGrid(std::string_view dims, std::vector<GridPoint>* points, const GridRecipe& recipe = {});
 
 // One CSV row per (grid point, strategy); the header names every column.
 std::string GridCsvHeader();

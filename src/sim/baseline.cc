@@ -22,7 +22,7 @@ CpStageCost CostCpMicroBatch(const SimContext& ctx, const std::vector<int64_t>& 
   cost.reduce_scatter = cost.all_gather;
   const int layers = ctx.stage_layers;
   cost.forward = layers * (cost.linear_f + cost.attention_f + cost.all_gather);
-  cost.backward = layers * (kBackwardLinearFactor * cost.linear_f + kBackwardAttentionFactor * cost.attention_f +
+  cost.backward = layers * (kBackwardLinearFactor * cost.linear_f + k.AttentionBackwardFactor() * cost.attention_f +
                             cost.reduce_scatter);
   cost.head_f = k.HeadForward(tokens / c);
   return cost;
@@ -49,7 +49,7 @@ Status RunContextParallel(const SimContext& ctx, const std::vector<std::vector<i
   for (int r = 0; r < d; ++r) {
     std::vector<MicroBatchTimes> times;
     std::vector<double> held;  // per-rank tokens of this replica's micro-batches
-    double buffer = 0;
+    double buffer = 0;         // per rank: one layer's gathered K/V and their dK/dV partials
     for (int i : replicas[r]) {
       const CpStageCost& cc = costs[i];
       MicroBatchTimes t;
@@ -60,23 +60,25 @@ Status RunContextParallel(const SimContext& ctx, const std::vector<std::vector<i
       t.p2p = k.PointToPoint(tokens[i] / c * k.HiddenBytesPerToken(), ctx.pipeline_inter_node);
       times.push_back(std::move(t));
       held.push_back(tokens[i] / c);
-      buffer = std::max(buffer, c > 1 ? tokens[i] * k.KvBytesPerToken() : 0.0);
+      buffer = std::max(buffer, c > 1 ? 2.0 * tokens[i] * k.KvBytesPerToken() : 0.0);
 
       o.breakdown.forward_linear_s += cc.linear_f / d;
       o.breakdown.backward_linear_s += kBackwardLinearFactor * cc.linear_f / d;
       o.breakdown.forward_attention_s += cc.attention_f / d;
-      o.breakdown.backward_attention_s += kBackwardAttentionFactor * cc.attention_f / d;
+      o.breakdown.backward_attention_s += k.AttentionBackwardFactor() * cc.attention_f / d;
       o.breakdown.forward_comm_s += cc.all_gather / d;
       o.breakdown.backward_comm_s += cc.reduce_scatter / d;
       // K/V gathered and dK/dV scattered: (c - 1) / c of the micro-batch's K/V
-      // reaches each of the c ranks, in every layer; activations cross each
-      // stage boundary forward and their gradients backward.
+      // reaches each of the c ranks, in every layer; activations (tokens / c
+      // on each of the c ranks) cross each stage boundary forward and their
+      // gradients backward.
       o.bytes_moved += 2.0 * layers_total * tokens[i] * k.KvBytesPerToken() * (c - 1) +
                        2.0 * (stages - 1) * tokens[i] * k.HiddenBytesPerToken();
     }
     const PipelineRun run = Simulate1F1B(times);
     o.iteration_s = std::max(o.iteration_s, run.makespan);
-    // 1F1B: stage s holds the activations of at most min(P - s, m) micro-batches.
+    // 1F1B: stage s holds the activations of at most min(P - s, m)
+    // micro-batches; the largest ones, to bound the memory.
     std::sort(held.begin(), held.end(), std::greater<>());
     for (int s = 0; s < stages; ++s) {
       const int in_flight = std::min<int>(stages - s, int(held.size()));

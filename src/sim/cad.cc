@@ -1,12 +1,14 @@
 // Core attention disaggregation, costed from real plans (docs/simulator.md,
-// "CAD"). The batch's documents, whole and in order, form m waves of about G
-// chunks (one micro-batch per rank). Ticks follow the aligned pipeline schedule: m + P - 1 forward
+// "CAD"). The batch's documents, whole and in order, form m = B c / G waves
+// of about G / c chunks, laid out over the G ranks (L / c tokens each; c is
+// c_min). Ticks follow the aligned pipeline schedule: m + P - 1 forward
 // ticks, in which stage s holds wave k - s, then as many backward ticks (stage
 // s holds wave k - (P - 1 - s)); a backward tick pools the same waves as the
 // forward tick of the same index, so it reuses its plans. With P = 1 a tick
 // is a wave. In every tick the core attention of all active stages is pooled
 // and planned over all ranks: those of idle stages (and any dedicated servers)
-// are attention servers that hold no tokens.
+// are attention servers that hold no tokens. The colocated variant plans the
+// active stages' ranks only, with the colocated policy, one plan per wave.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -68,23 +70,36 @@ int64_t Sum(const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v
 
 }  // namespace
 
-Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, const CadVariant& variant,
+double CadMemoryBytes(const SimContext& ctx, int c) {
+  const SimOptions& o = ctx.options;
+  MemoryInput mem;
+  mem.stage_params = ctx.stage_params;
+  mem.optimizer_shards = ctx.stage_ranks;
+  mem.activation_tokens = double(o.max_doc_len) / c * ctx.InFlight(ctx.MicroBatchesPerReplica(c)) * ctx.stage_layers;
+  mem.buffer_bytes = double(o.comm_budget) * o.tp;
+  return DeviceMemoryBytes(ctx.costs, mem);
+}
+
+Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int c_min, const CadVariant& variant,
                    BatchOutcome* out) {
   const SimOptions& opt = ctx.options;
   const RankCosts& k = ctx.costs;
-  const int P = opt.pp, G = ctx.stage_ranks, S = variant.extra_servers, m = ctx.micro_batches;
+  const bool colocated = variant.policy == PlanPolicy::kColocated;
+  const int P = opt.pp, G = ctx.stage_ranks, S = colocated ? 0 : variant.extra_servers;
+  const int m = ctx.MicroBatchesPerReplica(c_min);
+  if (m <= 0) return Status::Internal(fmt::format("c_min {} does not split the batch into whole waves", c_min));
   const int stride = G + S;  // ranks per stage, servers included
   const int total_ranks = P * stride;
   const int64_t L = opt.max_doc_len;
+  const double rank_tokens = double(L) / c_min;  // per rank and wave, nominal
 
-  // Waves, each split into two nano-batches. With ping-pong off the same
-  // nano-batches run back to back without overlap, so the ablation changes
-  // the overlap and nothing else. A wave of one document cannot be split
-  // (documents stay whole) and runs as one nano-batch.
-  const std::vector<std::vector<int64_t>> waves = SplitIntoWaves(batch, m, int64_t{G} * L);
+  // Waves, each split into two nano-batches with ping-pong (a wave of one
+  // document cannot be split: documents stay whole, so it runs as one); with
+  // ping-pong off, and for colocated, one plan per wave, as distca-train runs.
+  const std::vector<std::vector<int64_t>> waves = SplitIntoWaves(batch, m, int64_t{G / c_min} * L);
   std::vector<std::vector<std::vector<int64_t>>> nanos(m);
   for (int w = 0; w < m; ++w) {
-    if (waves[w].size() < 2) {
+    if (waves[w].size() < 2 || !opt.ping_pong || colocated) {
       nanos[w] = {waves[w]};
       continue;
     }
@@ -100,14 +115,14 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, con
   base.policy = variant.policy;
   base.tolerance = opt.tolerance;
   // The budget is per device; a rank's tp devices each carry 1/tp of the heads.
-  base.comm_budget = opt.comm_budget * opt.tp;
+  base.comm_budget = colocated ? 0 : opt.comm_budget * opt.tp;
   base.model = {opt.model.q_heads, opt.model.kv_heads, opt.model.head_dim(), opt.hardware.dtype_bytes};
   const CostModel flops = CostModel::Flops(base.model);
 
   BatchOutcome o;
   o.busy_s.assign(total_ranks, 0.0);
   std::vector<double> held_max(total_ranks, 0.0), buffer_max(total_ranks, 0.0);
-  const double p2p = P > 1 ? k.PointToPoint(double(L) * k.HiddenBytesPerToken(), ctx.pipeline_inter_node) : 0.0;
+  const double p2p = P > 1 ? k.PointToPoint(rank_tokens * k.HiddenBytesPerToken(), ctx.pipeline_inter_node) : 0.0;
 
   for (int tick = 0; tick < m + P - 1; ++tick) {
     std::vector<int> active, idle;
@@ -118,8 +133,9 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, con
     for (int s : active)
       for (int j = 0; j < G; ++j) phys.push_back(s * stride + j);
     const int plan_ranks = static_cast<int>(phys.size());
-    for (int s : idle)
-      for (int j = 0; j < G; ++j) phys.push_back(s * stride + j);
+    if (!colocated)
+      for (int s : idle)
+        for (int j = 0; j < G; ++j) phys.push_back(s * stride + j);
     for (int s = 0; s < P; ++s)
       for (int j = 0; j < S; ++j) phys.push_back(s * stride + G + j);
 
@@ -164,49 +180,86 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, con
     }
     const bool overlap = opt.ping_pong && costs.size() == 2;
 
-    // One layer, forward (pass 0) and backward (pass 1), per physical rank.
+    // One layer, forward (pass 0) and backward (pass 1), per physical rank
+    // and nano-batch: the linear part before core attention (forward: the
+    // QKV projection; backward: the O projection and MLP), the dispatch of
+    // Q/K/V (backward: also dO and statistics), the attention served, the
+    // return of O (backward: dQ, dK/dV), and the linear part after it.
+    // All-to-alls synchronize the ranks, so each phase lasts as long as its
+    // slowest rank.
     for (int pass = 0; pass < 2; ++pass) {
       const double lin_factor = pass == 0 ? 1.0 : kBackwardLinearFactor;
-      const double ca_factor = pass == 0 ? 1.0 : kBackwardAttentionFactor;
-      std::vector<double> compute(total_ranks, 0.0), comm(total_ranks, 0.0);
-      std::vector<double> nano_dispatch(costs.size(), 0.0);
+      const double ca_factor = pass == 0 ? 1.0 : k.AttentionBackwardFactor();
+      const double before_share = pass == 0 ? k.PreAttentionShare() : 1.0 - k.PreAttentionShare();
+      const double dispatch_share = k.DispatchShare(pass == 1);
+      const size_t nn = costs.size();
+      using PerRank = std::vector<double>;
+      std::vector<PerRank> before(nn, PerRank(total_ranks, 0.0)), after = before, ca = before, dispatch = before,
+                                                                  back = before;
+      std::vector<double> compute(total_ranks, 0.0);
       double linear_sum = 0, attention_sum = 0;
-      for (size_t n = 0; n < costs.size(); ++n) {
+      for (size_t n = 0; n < nn; ++n) {
         const NanoCost& c = costs[n];
         const double share = pass == 0 ? c.forward_share : 1.0 - c.forward_share;
         for (int r = 0; r < total_ranks; ++r) {
-          const double lin = lin_factor * k.LinearForward(c.tokens[r]);
-          const double ca = ca_factor * c.attention[r];
-          compute[r] += lin + ca;
+          double lin = lin_factor * k.LinearForward(c.tokens[r]);
           linear_sum += lin;
-          attention_sum += ca;
+          // distca-paper: idle stages' ranks run a dummy micro-batch's linear
+          // layers, split over the nano-batches.
+          if (variant.dummy_bubble_work && r % stride < G &&
+              std::find(idle.begin(), idle.end(), r / stride) != idle.end())
+            lin += lin_factor * k.LinearForward(rank_tokens) / double(nn);
+          before[n][r] = before_share * lin;
+          after[n][r] = lin - before[n][r];
+          ca[n][r] = ca_factor * c.attention[r];
+          attention_sum += ca[n][r];
+          compute[r] += lin + ca[n][r];
           const double sent = share * c.sent[r], received = share * c.received[r];
           if (sent > 0 || received > 0) {
-            const double t = k.AllToAll(sent, received, inter);
-            comm[r] += t;
-            nano_dispatch[n] = std::max(nano_dispatch[n], t);
+            dispatch[n][r] = k.AllToAll(dispatch_share * sent, dispatch_share * received, inter);
+            back[n][r] = k.AllToAll((1 - dispatch_share) * sent, (1 - dispatch_share) * received, inter);
           }
         }
       }
-      if (variant.dummy_bubble_work)
-        for (int s : idle)
-          for (int j = 0; j < G; ++j) compute[s * stride + j] += lin_factor * k.LinearForward(double(L));
-      double layer = 0, max_compute = 0;
-      for (int r = 0; r < total_ranks; ++r) {
-        const double own = overlap ? std::max(compute[r], comm[r]) : compute[r] + comm[r];
-        layer = std::max(layer, own);
-        max_compute = std::max(max_compute, compute[r]);
-        o.busy_s[r] += ctx.stage_layers * own;
+      // Slowest rank of a phase; busy time of every rank.
+      double layer = 0;
+      auto phase = [&](auto&& seconds_of) {
+        double slowest = 0;
+        for (int r = 0; r < total_ranks; ++r) {
+          const double t = seconds_of(r);
+          slowest = std::max(slowest, t);
+          o.busy_s[r] += ctx.stage_layers * t;
+        }
+        layer += slowest;
+      };
+      if (overlap) {
+        // Ping-pong, steady state (DistCA's Figure 7): each transfer of one
+        // nano-batch runs under the other's compute: nano 1's linear work
+        // (after attention of the previous layer, before it in this one)
+        // hides nano 0's dispatch; nano 0's attention hides nano 1's
+        // dispatch; nano 1's attention hides nano 0's return; nano 0's linear
+        // work hides nano 1's return. A transfer longer than its cover shows.
+        phase([&](int r) { return std::max(after[1][r] + before[1][r], dispatch[0][r]); });
+        phase([&](int r) { return std::max(ca[0][r], dispatch[1][r]); });
+        phase([&](int r) { return std::max(ca[1][r], back[0][r]); });
+        phase([&](int r) { return std::max(after[0][r] + before[0][r], back[1][r]); });
+      } else {
+        // One plan (or nano-batches back to back): nothing overlaps.
+        for (size_t n = 0; n < nn; ++n) {
+          phase([&](int r) { return before[n][r]; });
+          phase([&](int r) { return dispatch[n][r]; });
+          phase([&](int r) { return ca[n][r]; });
+          phase([&](int r) { return back[n][r]; });
+          phase([&](int r) { return after[n][r]; });
+        }
       }
-      // Ping-pong hides all traffic but the first nano-batch's dispatch
-      // (about half of its exchange: Q and K/V out, before O comes back).
-      if (overlap) layer += 0.5 * *std::min_element(nano_dispatch.begin(), nano_dispatch.end());
+      const double max_compute = *std::max_element(compute.begin(), compute.end());
 
-      // The LM head on the last stage (its ranks hold about L tokens), and the
-      // activations crossing stage boundaries.
+      // The LM head on the last stage (its ranks hold about L / c tokens), and
+      // the activations crossing stage boundaries.
       double head = 0;
       if (std::find(active.begin(), active.end(), P - 1) != active.end()) {
-        head = lin_factor * k.HeadForward(double(L));
+        head = lin_factor * k.HeadForward(rank_tokens);
         for (int j = 0; j < G; ++j) o.busy_s[(P - 1) * stride + j] += head;
       }
       o.iteration_s += ctx.stage_layers * layer + head + p2p;
@@ -231,7 +284,11 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, con
   }
 
   // Activations: a stage holds at most min(P - s, m) micro-batches at once
-  // (1F1B order within the aligned ticks).
+  // (1F1B order within the aligned ticks). Buffers: with a comm budget, the
+  // allocated buffer of comm_budget bytes per device (DistCA's NVSHMEM
+  // region); otherwise, and for colocated, the largest per-layer send +
+  // receive of the rank.
+  const bool fixed_buffer = !colocated && opt.comm_budget > 0;
   o.memory_bytes.assign(total_ranks, 0.0);
   for (int s = 0; s < P; ++s) {
     for (int j = 0; j < stride; ++j) {
@@ -242,12 +299,12 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, con
         mem.optimizer_shards = G;
         mem.activation_tokens = held_max[r] * std::min(P - s, m) * ctx.stage_layers;
       }
-      mem.buffer_bytes = buffer_max[r];
+      mem.buffer_bytes = fixed_buffer ? double(opt.comm_budget) * opt.tp : buffer_max[r];
       o.memory_bytes[r] = DeviceMemoryBytes(k, mem);
       o.max_buffer_bytes = std::max(o.max_buffer_bytes, buffer_max[r] / opt.tp);
     }
   }
-  o.bytes_moved += 2.0 * (P - 1) * m * double(G) * double(L) * k.HiddenBytesPerToken();
+  o.bytes_moved += 2.0 * (P - 1) * m * double(G) * rank_tokens * k.HiddenBytesPerToken();
   *out = std::move(o);
   return Status::Ok();
 }

@@ -17,6 +17,14 @@ RankCosts::RankCosts(const ModelConfig& m, const HardwareProfile& hw, int tp) : 
   kv_bytes_per_token_ = 2 * h_kv * hw.dtype_bytes;
   hidden_bytes_per_token_ = h * hw.dtype_bytes;
   activation_bytes_per_token_ = kActivationBytesPerHidden * h * hw.dtype_bytes / 2.0;
+  pre_attention_share_ = (h + 2 * h_kv) / (2 * h + 2 * h_kv + 3.0 * m.ffn_hidden);
+  const double q_row = double(m.q_heads) * m.head_dim() * hw.dtype_bytes;  // Q, O, dO, dQ
+  const double kv_row = 2 * h_kv * hw.dtype_bytes;                         // K and V
+  const double stat = 4.0 * m.q_heads;                                     // LSE or delta, fp32
+  const double fwd_out = q_row + kv_row, fwd_back = q_row + stat;
+  const double bwd_out = 2 * q_row + 2 * stat + kv_row, bwd_back = q_row + 2 * h_kv * 4.0;
+  dispatch_share_fwd_ = fwd_out / (fwd_out + fwd_back);
+  dispatch_share_bwd_ = bwd_out / (bwd_out + bwd_back);
 }
 
 double RankCosts::AttentionForward(int64_t q_begin, int64_t q_end) const {

@@ -9,9 +9,9 @@
 
 namespace distca::sim {
 
-// Backward / forward time ratios (DESIGN.md section 3).
+// Backward / forward time ratio of the linear layers (DESIGN.md section 3);
+// core attention's is the hardware profile's attention_backward_factor.
 inline constexpr double kBackwardLinearFactor = 2.0;
-inline constexpr double kBackwardAttentionFactor = 2.5;
 // Activation bytes kept per token per layer, in units of hidden * (dtype / 2),
 // with selective recomputation (Korthikanti et al. 2022, Table 2: 34 s b h).
 inline constexpr double kActivationBytesPerHidden = 34.0;
@@ -50,6 +50,19 @@ class RankCosts {
   double HiddenBytesPerToken() const { return hidden_bytes_per_token_; }
   // Activation bytes one token keeps per layer on one rank (all tp devices).
   double ActivationBytesPerToken() const { return activation_bytes_per_token_; }
+  // Share of a layer's context-independent FLOPs that run before core
+  // attention in the forward pass (the QKV projection): (h + 2 h_kv) /
+  // (2h + 2 h_kv + 3 ffn). The rest (O projection, MLP) runs after it; the
+  // backward pass runs them in the opposite order.
+  double PreAttentionShare() const { return pre_attention_share_; }
+  // Share of CAD's per-pass bytes that owners send to servers before the
+  // attention runs (the rest returns after it), per moved query row with one
+  // K/V row (docs/planner.md, "Bytes"): forward Q + K/V against O + LSE
+  // (fp32); backward Q + dO + LSE + delta (fp32) + K/V against dQ + partial
+  // dK/dV (fp32).
+  double DispatchShare(bool backward) const { return backward ? dispatch_share_bwd_ : dispatch_share_fwd_; }
+  // Backward / forward time of core attention (the profile's).
+  double AttentionBackwardFactor() const { return hw_.attention_backward_factor; }
   int tp() const { return tp_; }
 
  private:
@@ -58,6 +71,7 @@ class RankCosts {
   double linear_rate_, attention_peak_;  // FLOP/s of the rank
   double linear_flops_per_token_, head_flops_per_token_, attention_flops_per_pair_;
   double kv_bytes_per_token_, hidden_bytes_per_token_, activation_bytes_per_token_;
+  double pre_attention_share_, dispatch_share_fwd_, dispatch_share_bwd_;
 };
 
 // Memory of one rank, in bytes per device (docs/simulator.md, "Memory").

@@ -2,6 +2,8 @@
 // (docs/simulator.md, "Grid").
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "distca/sim.h"
 
 namespace distca {
@@ -19,9 +21,11 @@ std::string ShortModel(const std::string& preset) {
 
 std::string GridPoint::Label() const { return fmt::format("{} {}K {}", ShortModel(model), max_doc_len / kK, gpus); }
 
-Status PaperGrid(std::string_view dims, std::vector<GridPoint>* points) {
+Status PaperGrid(std::string_view dims, std::vector<GridPoint>* points, const GridRecipe& recipe) {
   if (dims != "3d" && dims != "4d")
     return Status::InvalidArgument(fmt::format("unknown paper grid '{}' (expected 3d or 4d)", dims));
+  if (recipe.elongate_base <= 0 || recipe.tokens_per_rank < 0)
+    return Status::InvalidArgument("grid recipe: elongate base must be positive and tokens per rank >= 0");
   const bool with_pp = dims == "4d";
   points->clear();
   struct ModelRow {
@@ -42,9 +46,13 @@ Status PaperGrid(std::string_view dims, std::vector<GridPoint>* points) {
         p.tp = 8;
         p.pp = row.pp;
         p.max_doc_len = L;
-        // Two micro-batches per rank and pipeline stage: m = 2 * pp.
-        p.batch_size = 2 * row.pp * (gpus / (p.tp * row.pp));
-        p.elongate = double(L) / double(128 * kK);
+        const int64_t ranks = gpus / (p.tp * row.pp);
+        // Two chunks per rank and pipeline stage (m = 2 pp), or a fixed
+        // number of tokens per rank and stage.
+        p.batch_size = recipe.tokens_per_rank == 0
+                           ? int(2 * row.pp * ranks)
+                           : int(std::max<int64_t>(1, row.pp * ranks * recipe.tokens_per_rank / L));
+        p.elongate = double(L) / double(recipe.elongate_base);
         points->push_back(p);
       }
     }
@@ -54,14 +62,14 @@ Status PaperGrid(std::string_view dims, std::vector<GridPoint>* points) {
 
 std::string GridCsvHeader() {
   return "config,model,gpus,tp,pp,max_doc_len,batch_size,strategy,iteration_s,tokens_per_s,speedup,"
-         "idle_fraction,memory_max_gb,memory_mean_gb,fits_memory,bytes_moved_gb,max_buffer_gb,cp,tolerance_used\n";
+         "idle_fraction,memory_max_gb,memory_mean_gb,memory_fits,bytes_moved_gb,max_buffer_gb,cp,tolerance_used\n";
 }
 
 std::string GridCsvRow(const GridPoint& p, const SimResult& r) {
   return fmt::format("{},{},{},{},{},{},{},{},{:.6f},{:.1f},{:.4f},{:.4f},{:.3f},{:.3f},{},{:.3f},{:.4f},{},{:.3f}\n",
                      p.Label(), p.model, p.gpus, p.tp, p.pp, p.max_doc_len, p.batch_size, SimStrategyName(r.strategy),
                      r.iteration_s, r.tokens_per_s, r.speedup, r.idle_fraction, r.memory_max_bytes * 1e-9,
-                     r.memory_mean_bytes * 1e-9, r.fits_memory ? 1 : 0, r.bytes_moved * 1e-9, r.max_buffer_bytes * 1e-9,
+                     r.memory_mean_bytes * 1e-9, r.memory_fits ? 1 : 0, r.bytes_moved * 1e-9, r.max_buffer_bytes * 1e-9,
                      r.cp, r.tolerance_used);
 }
 

@@ -100,6 +100,12 @@ Status ParseHardwareProfile(std::string_view text, HardwareProfile* profile) {
   if (p.linear_mfu > 1)
     return Status::InvalidArgument(fmt::format("{}: \"linear_mfu\" must be at most 1, got {}", where, p.linear_mfu));
   DISTCA_RETURN_IF_ERROR(Curve(j, &p.attention_efficiency));
+  if (j.contains("attention_backward_factor")) {
+    DISTCA_RETURN_IF_ERROR(Number(j, where, "attention_backward_factor", &p.attention_backward_factor));
+    if (p.attention_backward_factor < 1)
+      return Status::InvalidArgument(fmt::format("{}: \"attention_backward_factor\" must be at least 1, got {}", where,
+                                                 p.attention_backward_factor));
+  }
   DISTCA_RETURN_IF_ERROR(Integer(j, where, "dtype_bytes", &p.dtype_bytes));
   DISTCA_RETURN_IF_ERROR(Number(j, where, "memory_bytes", &p.memory_bytes));
   if (!j.contains("network") || !j.at("network").is_object())

@@ -65,12 +65,15 @@ std::vector<std::vector<int>> AssignLpt(const std::vector<double>& times, int re
   std::vector<int> order(times.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return times[a] > times[b]; });
+  const size_t most = (times.size() + size_t(replicas) - 1) / size_t(replicas);
   std::vector<std::vector<int>> out(replicas);
   std::vector<double> total(replicas, 0.0);
   for (int i : order) {
-    const int r = int(std::min_element(total.begin(), total.end()) - total.begin());
-    out[r].push_back(i);
-    total[r] += times[i];
+    int best = -1;
+    for (int r = 0; r < replicas; ++r)
+      if (out[r].size() < most && (best < 0 || total[r] < total[best])) best = r;
+    out[best].push_back(i);
+    total[best] += times[i];
   }
   return out;
 }

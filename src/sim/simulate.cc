@@ -1,5 +1,6 @@
-// Simulate: validation, the strategy table, the CP sweep, OpenMP over batches,
-// and the aggregation of per-batch outcomes into SimResults.
+// Simulate: validation, the strategy table, the memory-bounded CP sweep and
+// CAD's c_min, OpenMP over batches, and the aggregation of per-batch outcomes
+// into SimResults.
 #include <fmt/format.h>
 #include <omp.h>
 
@@ -14,18 +15,26 @@ namespace {
 
 using StrategyFn = Status (*)(const sim::SimContext&, const std::vector<int64_t>&, int, sim::BatchOutcome*);
 
+// How a strategy's CP degree (the `cp` its function gets) is chosen.
+enum class CpChoice {
+  kSweep,   // context-parallel baselines: the fastest degree whose memory fits
+  kMinFit,  // CAD: c_min, the smallest degree whose L / c tokens per rank fit
+  kOne,     // colocated: 1
+};
+
 struct StrategyEntry {
   SimStrategy id;
   const char* name;
-  bool sweeps_cp;  // a context-parallel baseline: the best CP degree is searched
+  CpChoice cp;
   StrategyFn run;
 };
 
 constexpr StrategyEntry kStrategies[] = {
-    {SimStrategy::kWlbIdeal, "wlb-ideal", true, sim::SimulateWlbIdeal},
-    {SimStrategy::kMegatron, "megatron", true, sim::SimulateMegatron},
-    {SimStrategy::kDistcaPaper, "distca-paper", false, sim::SimulateDistcaPaper},
-    {SimStrategy::kDistca, "distca", false, sim::SimulateDistca},
+    {SimStrategy::kWlbIdeal, "wlb-ideal", CpChoice::kSweep, sim::SimulateWlbIdeal},
+    {SimStrategy::kMegatron, "megatron", CpChoice::kSweep, sim::SimulateMegatron},
+    {SimStrategy::kDistcaPaper, "distca-paper", CpChoice::kMinFit, sim::SimulateDistcaPaper},
+    {SimStrategy::kDistca, "distca", CpChoice::kMinFit, sim::SimulateDistca},
+    {SimStrategy::kColocated, "colocated", CpChoice::kOne, sim::SimulateColocated},
 };
 
 const StrategyEntry& Entry(SimStrategy s) {
@@ -41,9 +50,9 @@ Status ValidateBatches(const SimOptions& o, const std::vector<std::vector<int64_
     int64_t total = 0;
     for (size_t i = 0; i < batches[b].size(); ++i) {
       const int64_t len = batches[b][i];
-      if (len <= 0 || len > o.max_doc_len)
-        return Status::InvalidArgument(
-            fmt::format("batch {} document {} has length {}, outside [1, max_doc_len = {}]", b, i, len, o.max_doc_len));
+      if (len <= 0 || len > want)
+        return Status::InvalidArgument(fmt::format(
+            "batch {} document {} has length {}, outside [1, batch_size x max_doc_len = {}]", b, i, len, want));
       total += len;
     }
     if (total != want)
@@ -85,7 +94,7 @@ SimResult Summarize(const SimOptions& o, SimStrategy id, int cp, const std::vect
     s.backward_comm_s += b.breakdown.backward_comm_s / n;
   }
   r.memory_mean_bytes = memory_count > 0 ? memory_sum / memory_count : 0.0;
-  r.fits_memory = r.memory_max_bytes <= o.hardware.memory_bytes;
+  r.memory_fits = r.memory_max_bytes <= o.hardware.memory_bytes;
   r.tolerance_used = plans > 0 ? tolerance_sum / plans : 0.0;
   r.tokens_per_s = r.iteration_s > 0 ? double(o.batch_size) * double(o.max_doc_len) / r.iteration_s : 0.0;
   return r;
@@ -97,11 +106,16 @@ namespace sim {
 
 SimContext::SimContext(const SimOptions& o) : options(o), costs(o.model, o.hardware, o.tp) {
   stage_ranks = o.gpus / (o.tp * o.pp);
-  micro_batches = o.batch_size / stage_ranks;
   stage_layers = o.model.num_layers / o.pp;
   stage_params = double(ParameterCount(o.model)) / o.pp;
   stage_inter_node = int64_t{o.tp} * stage_ranks > o.hardware.gpus_per_node;
   pipeline_inter_node = o.gpus > o.hardware.gpus_per_node;
+}
+
+int SimContext::MicroBatchesPerReplica(int c) const {
+  if (c <= 0 || stage_ranks % c != 0) return 0;
+  const int replicas = stage_ranks / c;
+  return options.batch_size % replicas == 0 ? options.batch_size / replicas : 0;
 }
 
 }  // namespace sim
@@ -120,7 +134,7 @@ Status ParseSimStrategies(std::string_view list, std::vector<SimStrategy>* strat
       if (name == e.name) found = &e;
     if (found == nullptr)
       return Status::InvalidArgument(
-          fmt::format("unknown strategy '{}' (expected wlb-ideal, megatron, distca-paper or distca)", name));
+          fmt::format("unknown strategy '{}' (expected wlb-ideal, megatron, distca-paper, distca or colocated)", name));
     if (std::find(strategies->begin(), strategies->end(), found->id) != strategies->end())
       return Status::InvalidArgument(fmt::format("strategy '{}' is listed twice", name));
     strategies->push_back(found->id);
@@ -133,7 +147,8 @@ Status ValidateSimOptions(const SimOptions& o) {
   DISTCA_RETURN_IF_ERROR(ValidateModelConfig(o.model).WithContext("model"));
   const HardwareProfile& h = o.hardware;
   if (!(h.peak_flops > 0) || !(h.linear_mfu > 0) || h.dtype_bytes <= 0 || h.gpus_per_node <= 0 ||
-      !(h.intra_node.bandwidth > 0) || !(h.inter_node.bandwidth > 0) || h.attention_efficiency.empty())
+      !(h.intra_node.bandwidth > 0) || !(h.inter_node.bandwidth > 0) || h.attention_efficiency.empty() ||
+      !(h.attention_backward_factor >= 1))
     return Status::InvalidArgument("hardware profile is incomplete (load one with LoadHardwareProfile)");
   if (o.gpus <= 0 || o.tp <= 0 || o.pp <= 0)
     return Status::InvalidArgument(fmt::format("gpus ({}), tp ({}) and pp ({}) must be positive", o.gpus, o.tp, o.pp));
@@ -145,12 +160,15 @@ Status ValidateSimOptions(const SimOptions& o) {
         fmt::format("the model's {} layers do not split into pp = {} equal stages", o.model.num_layers, o.pp));
   const int G = o.gpus / (o.tp * o.pp);
   if (o.max_doc_len <= 0) return Status::InvalidArgument("max_doc_len must be positive");
-  if (o.batch_size <= 0 || o.batch_size % G != 0)
-    return Status::InvalidArgument(
-        fmt::format("batch size ({} chunks) must be a positive multiple of the {} ranks per stage (gpus / (tp x pp))",
-                    o.batch_size, G));
+  if (o.batch_size <= 0)
+    return Status::InvalidArgument(fmt::format("batch size must be positive, got {} chunks", o.batch_size));
   if (o.cp < 0 || (o.cp > 0 && G % o.cp != 0))
     return Status::InvalidArgument(fmt::format("cp ({}) must divide the {} ranks per stage", o.cp, G));
+  if (o.cp > 0 && o.batch_size % (G / o.cp) != 0)
+    return Status::InvalidArgument(
+        fmt::format("batch size ({} chunks) is not a multiple of the {} data-parallel replicas at cp {} (G / cp = {} / "
+                    "{}): every replica runs the same number of micro-batches",
+                    o.batch_size, G / o.cp, o.cp, G, o.cp));
   if (o.dedicated_servers < 0) return Status::InvalidArgument("dedicated servers must be >= 0");
   if (!(o.tolerance >= 0) || !std::isfinite(o.tolerance))
     return Status::InvalidArgument(fmt::format("tolerance must be a finite number >= 0, got {}", o.tolerance));
@@ -168,16 +186,56 @@ Status Simulate(const SimOptions& options, const std::vector<std::vector<int64_t
   const int threads = options.threads > 0 ? options.threads : omp_get_max_threads();
   const int n = static_cast<int>(batches.size());
 
+  // Powers of two dividing G that split the batch into whole micro-batches
+  // per replica (or whole waves), smallest first.
+  std::vector<int> degrees;
+  for (int c = 1; c <= ctx.stage_ranks; c *= 2)
+    if (ctx.MicroBatchesPerReplica(c) > 0) degrees.push_back(c);
+
   std::vector<SimResult> out;
   for (SimStrategy id : strategies) {
     const StrategyEntry& e = Entry(id);
-    std::vector<int> cps = {0};
-    if (e.sweeps_cp) {
-      cps.clear();
-      for (int c = 1; c <= ctx.stage_ranks; c *= 2)
-        if (ctx.stage_ranks % c == 0 && (options.cp == 0 || options.cp == c)) cps.push_back(c);
-      if (options.cp > 0 && cps.empty()) cps.push_back(options.cp);  // a CP degree that is not a power of two
+    std::vector<int> cps;
+    switch (e.cp) {
+      case CpChoice::kSweep:
+        cps = options.cp > 0 ? std::vector<int>{options.cp} : degrees;
+        if (cps.empty())
+          return Status::InvalidArgument(
+              fmt::format("{}: no CP degree c (a power of two dividing the {} ranks per stage) makes the batch size "
+                          "({} chunks) a multiple of the G / c data-parallel replicas",
+                          e.name, ctx.stage_ranks, options.batch_size));
+        break;
+      case CpChoice::kMinFit: {
+        if (degrees.empty())
+          return Status::InvalidArgument(
+              fmt::format("{}: no c (a power of two dividing the {} ranks per stage) makes the batch size ({} chunks) "
+                          "a multiple of the G / c chunks of a wave",
+                          e.name, ctx.stage_ranks, options.batch_size));
+        // From the smallest degree whose nominal L / c tokens per rank fit
+        // up; the simulated memory (whole documents per wave make some waves
+        // a little larger) decides, below.
+        size_t first = degrees.size() - 1;
+        for (size_t i = 0; i < degrees.size(); ++i) {
+          if (sim::CadMemoryBytes(ctx, degrees[i]) <= options.hardware.memory_bytes) {
+            first = i;
+            break;
+          }
+        }
+        cps.assign(degrees.begin() + long(first), degrees.end());
+        break;
+      }
+      case CpChoice::kOne:
+        if (ctx.MicroBatchesPerReplica(1) == 0)
+          return Status::InvalidArgument(
+              fmt::format("{}: the batch size ({} chunks) must be a multiple of the {} ranks per stage (CP 1: one "
+                          "chunk per rank and wave)",
+                          e.name, options.batch_size, ctx.stage_ranks));
+        cps = {1};
+        break;
     }
+    // Baselines: the fastest degree whose memory fits; CAD: the first degree
+    // (smallest) whose memory fits. If none fits, the largest one, flagged
+    // by memory_fits = false.
     SimResult best;
     bool have = false;
     for (int cp : cps) {
@@ -188,8 +246,12 @@ Status Simulate(const SimOptions& options, const std::vector<std::vector<int64_t
       for (int b = 0; b < n; ++b)
         if (!status[b].ok()) return status[b].WithContext(fmt::format("{}, batch {}", e.name, b));
       SimResult r = Summarize(options, id, cp, outcomes);
-      if (!have || r.iteration_s < best.iteration_s) best = std::move(r);
+      const bool better =
+          !have || (r.memory_fits && !best.memory_fits) ||
+          (r.memory_fits == best.memory_fits && (r.memory_fits ? r.iteration_s < best.iteration_s : r.cp > best.cp));
+      if (better) best = std::move(r);
       have = true;
+      if (e.cp == CpChoice::kMinFit && best.memory_fits) break;
     }
     out.push_back(std::move(best));
   }

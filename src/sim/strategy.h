@@ -18,7 +18,6 @@ struct SimContext {
   SimOptions options;
   RankCosts costs;
   int stage_ranks = 0;      // G = gpus / (tp * pp)
-  int micro_batches = 0;    // m = B / G
   int stage_layers = 0;     // layers per pipeline stage
   double stage_params = 0;  // ParameterCount / pp
   // A stage's ranks span nodes (tp * G > gpus_per_node): its all-to-all runs
@@ -28,7 +27,20 @@ struct SimContext {
   bool pipeline_inter_node = false;
   // A CP group of c ranks spans nodes.
   bool CpInterNode(int c) const { return int64_t{c} * options.tp > options.hardware.gpus_per_node; }
+  // Chunks (micro-batches) each of the G / c data-parallel replicas runs at
+  // CP degree c, B c / G; for CAD the waves of G / c chunks. 0 when c does
+  // not divide G or G / c does not divide B.
+  int MicroBatchesPerReplica(int c) const;
+  // Micro-batches whose activations stage 0 holds at once in 1F1B (and in
+  // the aligned schedule): min(pp, m).
+  int InFlight(int m) const { return m < options.pp ? m : options.pp; }
 };
+
+// CAD's memory model (docs/simulator.md, "Memory"): per device, a rank that
+// holds L / c tokens per wave, min(pp, m) waves in flight, weights, gradients
+// and the optimizer sharded over the stage's G ranks, and the communication
+// buffer (comm_budget per device when set, else 0: unknown before planning).
+double CadMemoryBytes(const SimContext& ctx, int c);
 
 // One batch under one strategy. Ranks are numbered stage by stage; a stage's
 // dedicated attention servers (if any) follow its G ranks.
@@ -43,11 +55,14 @@ struct BatchOutcome {
   SimBreakdown breakdown;
 };
 
-// Strategies. `cp` is the baselines' CP degree (ignored by CAD).
+// Strategies. `cp` is the baselines' CP degree c, CAD's c_min (each rank
+// holds L / cp tokens per wave), 1 for colocated. REQUIRES:
+// ctx.MicroBatchesPerReplica(cp) > 0.
 Status SimulateWlbIdeal(const SimContext& ctx, const std::vector<int64_t>& batch, int cp, BatchOutcome* out);
 Status SimulateMegatron(const SimContext& ctx, const std::vector<int64_t>& batch, int cp, BatchOutcome* out);
 Status SimulateDistcaPaper(const SimContext& ctx, const std::vector<int64_t>& batch, int cp, BatchOutcome* out);
 Status SimulateDistca(const SimContext& ctx, const std::vector<int64_t>& batch, int cp, BatchOutcome* out);
+Status SimulateColocated(const SimContext& ctx, const std::vector<int64_t>& batch, int cp, BatchOutcome* out);
 
 // --- shared by the context-parallel baselines (baseline.cc) ---
 
@@ -60,22 +75,29 @@ struct CpStageCost {
 };
 CpStageCost CostCpMicroBatch(const SimContext& ctx, const std::vector<int64_t>& docs, int c);
 
-// Runs micro-batches (document lists) on d = G / c data-parallel replicas,
-// replicas[r] listing the micro-batches of replica r in execution order, each
-// through the pp-stage 1F1B pipeline; fills everything in `out`.
+// Runs micro-batches (document lists, one chunk each) on d = G / c
+// data-parallel replicas, replicas[r] listing the micro-batches of replica r
+// in execution order, each spread over the replica's c ranks and run through
+// the pp-stage 1F1B pipeline; fills everything in `out`. Memory per rank:
+// the largest min(pp - s, m) micro-batches' tokens / c in flight, and one
+// layer's gathered K/V plus their dK/dV partials (2 x tokens x K/V bytes of
+// the largest micro-batch) when c > 1.
 Status RunContextParallel(const SimContext& ctx, const std::vector<std::vector<int64_t>>& micro_batches,
                           const std::vector<std::vector<int>>& replicas, int c, BatchOutcome* out);
 
 // --- shared by the CAD strategies (cad.cc) ---
 
 struct CadVariant {
+  // kColocated: distca-train --attention colocated: one plan per wave, no
+  // ping-pong, no comm budget, no pooling with idle stages' ranks.
   PlanPolicy policy = PlanPolicy::kDistca;
   // Ranks of stages idle in a tick (pipeline warm-up/drain) run a dummy
   // micro-batch's linear layers, as published.
   bool dummy_bubble_work = false;
   int extra_servers = 0;  // dedicated attention servers per stage
 };
-Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, const CadVariant& variant,
+// Waves of G / c_min chunks, L / c_min tokens per rank.
+Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int c_min, const CadVariant& variant,
                    BatchOutcome* out);
 
 // --- packing (packing.cc) ---
@@ -97,9 +119,11 @@ std::vector<std::vector<int64_t>> SplitIntoWaves(const std::vector<int64_t>& doc
 // none has room). Returns `bins` lists of lengths.
 std::vector<std::vector<int64_t>> WlbPack(const std::vector<int64_t>& docs, int bins, int64_t chunk, int64_t cap);
 
-// Longest-processing-time-first: items by time descending, each to the
-// replica with the smallest total so far. Returns item indices per replica,
-// each list in assignment order.
+// Longest-processing-time-first with equal counts: items by time descending,
+// each to the replica with the smallest total so far among those holding
+// fewer than ceil(n / replicas) items (every data-parallel replica runs the
+// same number of micro-batches). Returns item indices per replica, each list
+// in assignment order.
 std::vector<std::vector<int>> AssignLpt(const std::vector<double>& times, int replicas);
 
 }  // namespace distca::sim

@@ -5,12 +5,12 @@
 
 namespace distca::sim {
 
-Status SimulateDistca(const SimContext& ctx, const std::vector<int64_t>& batch, int /*cp*/, BatchOutcome* out) {
+Status SimulateDistca(const SimContext& ctx, const std::vector<int64_t>& batch, int cp, BatchOutcome* out) {
   CadVariant v;
   v.policy = PlanPolicy::kDistca;
   v.dummy_bubble_work = false;
   v.extra_servers = ctx.options.dedicated_servers;
-  return SimulateCad(ctx, batch, v, out);
+  return SimulateCad(ctx, batch, cp, v, out);
 }
 
 }  // namespace distca::sim

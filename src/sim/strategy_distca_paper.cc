@@ -6,11 +6,11 @@
 
 namespace distca::sim {
 
-Status SimulateDistcaPaper(const SimContext& ctx, const std::vector<int64_t>& batch, int /*cp*/, BatchOutcome* out) {
+Status SimulateDistcaPaper(const SimContext& ctx, const std::vector<int64_t>& batch, int cp, BatchOutcome* out) {
   CadVariant v;
   v.policy = PlanPolicy::kPaper;
   v.dummy_bubble_work = true;
-  return SimulateCad(ctx, batch, v, out);
+  return SimulateCad(ctx, batch, cp, v, out);
 }
 
 }  // namespace distca::sim

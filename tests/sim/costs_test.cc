@@ -68,6 +68,17 @@ TEST(HardwareProfileTest, ErrorsNameTheField) {
   EXPECT_TRUE(Contains(ParseHardwareProfile(replace("\"latency_s\": 1e-5", "\"latency_s\": \"fast\""), &p),
                        "network.inter_node: \"latency_s\" must be a number"));
   EXPECT_TRUE(Contains(ParseHardwareProfile(replace("\"name\": \"test\"", "\"name\": 3"), &p), "\"name\""));
+  // attention_backward_factor is optional (default 2.5, the FLOP ratio) and at least 1.
+  ASSERT_TRUE(ParseHardwareProfile(good, &p).ok());
+  EXPECT_DOUBLE_EQ(p.attention_backward_factor, 2.5);
+  ASSERT_TRUE(
+      ParseHardwareProfile(replace("\"dtype_bytes\": 2", "\"attention_backward_factor\": 3, \"dtype_bytes\": 2"), &p)
+          .ok());
+  EXPECT_DOUBLE_EQ(p.attention_backward_factor, 3.0);
+  EXPECT_DOUBLE_EQ(RankCosts(TestModel(), p, 2).AttentionBackwardFactor(), 3.0);
+  EXPECT_TRUE(Contains(
+      ParseHardwareProfile(replace("\"dtype_bytes\": 2", "\"attention_backward_factor\": 0.5, \"dtype_bytes\": 2"), &p),
+      "\"attention_backward_factor\" must be at least 1"));
   EXPECT_EQ(LoadHardwareProfile("/nonexistent/profile.json", &p).code(), StatusCode::kIoError);
 }
 
@@ -94,6 +105,18 @@ TEST(RankCostsTest, AttentionUsesPairsAndTheQueryLengthsEfficiency) {
   const double cp2 = 4.0 * (1024.0 * 1025 / 2) * 64 / 2 / (2e12 * (2.0 / 3));
   EXPECT_NEAR(k.AttentionForwardCp(1024, 2), cp2, cp2 * kRel);
   EXPECT_NEAR(k.AttentionForwardCp(1024, 1), whole, whole * kRel);
+}
+
+TEST(RankCostsTest, PhaseShares) {
+  const RankCosts k(TestModel(), TestProfile(), 2);
+  // (h + 2 h_kv) / (2h + 2 h_kv + 3 ffn) = (64 + 64) / (128 + 64 + 384).
+  EXPECT_DOUBLE_EQ(k.PreAttentionShare(), 2.0 / 9);
+  // Rows: Q/O/dO/dQ 4 * 16 * 2 = 128 B, K+V 2 * 2 * 16 * 2 = 128 B, LSE or
+  // delta 4 * 4 = 16 B, fp32 dK+dV 2 * 32 * 4 = 256 B.
+  // Forward: (128 + 128) / (128 + 128 + 128 + 16) = 0.64.
+  EXPECT_DOUBLE_EQ(k.DispatchShare(false), 256.0 / 400);
+  // Backward: (2 * 128 + 2 * 16 + 128) / (416 + 128 + 256) = 0.52.
+  EXPECT_DOUBLE_EQ(k.DispatchShare(true), 416.0 / 800);
 }
 
 TEST(RankCostsTest, AllToAllRingAndPointToPoint) {

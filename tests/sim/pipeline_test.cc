@@ -77,6 +77,10 @@ TEST(PackingTest, LongestProcessingTimeFirst) {
   // 5 -> r0, 4 -> r1, 3 -> r1 (4 < 5), 2 -> r0 (5 < 7).
   const std::vector<std::vector<int>> want = {{1, 3}, {0, 2}};
   EXPECT_EQ(AssignLpt({4, 5, 3, 2}, 2), want);
+  // Every replica runs the same number of micro-batches: 10 -> r0, 1 -> r1,
+  // 1 -> r1, and the last 1 to r0 (r1 is full), not all three 1s to r1.
+  const std::vector<std::vector<int>> equal = {{0, 3}, {1, 2}};
+  EXPECT_EQ(AssignLpt({10, 1, 1, 1}, 2), equal);
 }
 
 }  // namespace

@@ -56,18 +56,30 @@ TEST(MegatronTest, ContextParallelPaysTheAllGather) {
   SimOptions o = TestOptions();
   o.cp = 2;
   const sim::RankCosts k(o.model, o.hardware, o.tp);
-  const Parts p = PartsFor(o);
-  // One micro-batch of both chunks over the 2 ranks: 1024 tokens each; each
-  // document's pairs halve, on 256-row shards; the group spans 4 devices > 2
-  // per node: K/V of 2048 tokens (128 B each) ring-gathered at 10 GB/s.
-  const double ca = 2 * k.AttentionForwardCp(1024, 2);
-  const double ag = 1e-5 + 2048.0 * 128 / 2 / (2 * 10e9);
-  const double want = 2 * (p.lin + ca + ag) + p.head + 2 * (2 * p.lin + 2.5 * ca + ag) + 2 * p.head;
+  // One replica (d = 2 / 2) runs both chunks, one after the other, each
+  // spread over the 2 ranks: 512 tokens each; the document's pairs halve, on
+  // 256-row shards; the group spans 4 devices > 2 per node: the K/V of the
+  // chunk's 1024 tokens (128 B each) ring-gathered at 10 GB/s.
+  const double lin = k.LinearForward(512), head = k.HeadForward(512);
+  const double ca = k.AttentionForwardCp(1024, 2);
+  const double ag = 1e-5 + 1024.0 * 128 / 2 / (2 * 10e9);
+  const double micro_batch = 2 * (lin + ca + ag) + head + 2 * (2 * lin + 2.5 * ca + ag) + 2 * head;
+  const double want = 2 * micro_batch;
   const SimResult r = SimulateOne(o, {{1024, 1024}}, SimStrategy::kMegatron);
   EXPECT_NEAR(r.iteration_s, want, want * kRel);
-  // Gather forward + scatter backward, 2 layers, half the K/V to each rank.
-  EXPECT_DOUBLE_EQ(r.bytes_moved, 2.0 * 2 * 2048 * 128 * 1);
-  EXPECT_NEAR(r.breakdown.forward_comm_s, ag, ag * kRel);
+  // Per micro-batch: gather forward + scatter backward, 2 layers, half the
+  // chunk's K/V to each rank.
+  EXPECT_DOUBLE_EQ(r.bytes_moved, 2 * (2.0 * 2 * 1024 * 128 * 1));
+  // Summed over the iteration's two micro-batches.
+  EXPECT_NEAR(r.breakdown.forward_comm_s, 2 * ag, ag * kRel);
+  EXPECT_EQ(r.cp, 2);
+  // Memory per device (tp 2): bf16 weights + fp32 grads, the optimizer over
+  // the 2 ranks, one micro-batch's 512 tokens x 2 layers of 34 h bytes, and
+  // the gathered K/V plus their dK/dV partials (2 x 1024 x 128 bytes).
+  const double params = double(ParameterCount(o.model));
+  const double mem = (params * 6 + params * 12 / 2 + 512.0 * 2 * 34 * 64 + 2 * 1024.0 * 128) / 2;
+  EXPECT_NEAR(r.memory_max_bytes, mem, mem * kRel);
+  EXPECT_TRUE(r.memory_fits);
 }
 
 TEST(MegatronTest, SweepPicksTheFasterCp) {
@@ -80,6 +92,28 @@ TEST(MegatronTest, SweepPicksTheFasterCp) {
   const SimResult r = SimulateOne(o, {{1024, 1024}}, SimStrategy::kMegatron);
   EXPECT_DOUBLE_EQ(r.iteration_s, std::min(t1, t2));
   EXPECT_EQ(r.cp, t1 <= t2 ? 1 : 2);
+}
+
+TEST(MegatronTest, SweepKeepsToDegreesThatFitInMemory) {
+  SimOptions o = TestOptions();
+  o.cp = 1;
+  const SimResult one = SimulateOne(o, {{1024, 1024}}, SimStrategy::kMegatron);
+  o.cp = 2;
+  const SimResult two = SimulateOne(o, {{1024, 1024}}, SimStrategy::kMegatron);
+  ASSERT_LT(one.iteration_s, two.iteration_s);  // no all-gather: CP 1 is faster
+  ASSERT_GT(one.memory_max_bytes, two.memory_max_bytes);
+  o.cp = 0;
+  // Memory between the two: only CP 2 fits, and the sweep takes it.
+  o.hardware.memory_bytes = (one.memory_max_bytes + two.memory_max_bytes) / 2;
+  SimResult r = SimulateOne(o, {{1024, 1024}}, SimStrategy::kMegatron);
+  EXPECT_EQ(r.cp, 2);
+  EXPECT_TRUE(r.memory_fits);
+  EXPECT_DOUBLE_EQ(r.iteration_s, two.iteration_s);
+  // Nothing fits: the largest degree, flagged.
+  o.hardware.memory_bytes = two.memory_max_bytes / 2;
+  r = SimulateOne(o, {{1024, 1024}}, SimStrategy::kMegatron);
+  EXPECT_EQ(r.cp, 2);
+  EXPECT_FALSE(r.memory_fits);
 }
 
 TEST(WlbIdealTest, PacksWholeDocumentsAndWaitsForTheSlowestReplica) {
@@ -102,33 +136,46 @@ TEST(CadTest, OneDocumentOneRankIsTheColocatedTime) {
   o.gpus = 2;
   o.batch_size = 1;
   const double want = OneChunkPerRank(PartsFor(o));
-  for (SimStrategy s : {SimStrategy::kDistca, SimStrategy::kDistcaPaper}) {
+  for (SimStrategy s : {SimStrategy::kDistca, SimStrategy::kDistcaPaper, SimStrategy::kColocated}) {
     const SimResult r = SimulateOne(o, {{1024}}, s);
     EXPECT_NEAR(r.iteration_s, want, want * kRel) << SimStrategyName(s);
     EXPECT_EQ(r.bytes_moved, 0.0);
-    EXPECT_EQ(r.cp, 0);
+    EXPECT_EQ(r.cp, 1);
   }
 }
 
-// The iteration of {1024, 512, 512} on 2 ranks (m = 1) from the planner's
-// own plans of the two nano-batches, {1024} and {512, 512}: per rank, linear
-// over the tokens it holds, CA = its load / 2e12 (efficiency 1 everywhere),
-// and an all-to-all of its bytes (forward or backward share) across nodes.
-//   ping-pong on:  layer = max_r max(sum_n C, sum_n M) + min_n max_r M_n / 2
-//   ping-pong off: layer = max_r (sum_n C + sum_n M)
+// The iteration of one wave `docs` on 2 ranks (m = 1) from the planner's own
+// plans: with ping-pong of the two nano-batches SplitNanoBatches makes,
+// without it of the whole wave. Per rank r and nano-batch n: linear over the
+// tokens it holds, split into the part before attention (share p = 2/9 of
+// the test model forward, 7/9 backward) and after it; CA = its load / 2e12
+// (efficiency 1 everywhere); the dispatch and the return all-to-alls of its
+// bytes (forward or backward share, split 0.64 / 0.36 forward, 0.52 / 0.48
+// backward) across nodes. A phase lasts as long as its slowest rank:
+//   ping-pong on:  layer = max_r max(after_1 + before_1, out_0) + max_r max(ca_0, out_1)
+//                        + max_r max(ca_1, back_0) + max_r max(after_0 + before_0, back_1)
+//   ping-pong off: layer = sum_n (max_r before + max_r out + max_r ca + max_r back + max_r after)
 double PlannedIteration(const SimOptions& o, const std::vector<int64_t>& docs, PlanPolicy policy, bool ping_pong,
-                        double* bytes) {
+                        double* bytes, double head_tokens = 1024) {
   std::vector<std::vector<int>> nano_index;
-  EXPECT_TRUE(SplitNanoBatches(docs, 2, &nano_index).ok());
+  if (ping_pong) {
+    EXPECT_TRUE(SplitNanoBatches(docs, 2, &nano_index).ok());
+  } else {
+    nano_index.emplace_back();
+    for (size_t d = 0; d < docs.size(); ++d) nano_index[0].push_back(int(d));
+  }
   const sim::RankCosts k(o.model, o.hardware, o.tp);
+  const size_t nn = nano_index.size();
   double layer[2] = {0, 0};
   *bytes = 0;
   for (int pass = 0; pass < 2; ++pass) {
     const double lin_factor = pass == 0 ? 1.0 : 2.0, ca_factor = pass == 0 ? 1.0 : 2.5;
-    std::vector<double> c(2, 0.0), m(2, 0.0), dispatch;
-    for (const auto& index : nano_index) {
+    const double before_share = pass == 0 ? 2.0 / 9 : 7.0 / 9, out_share = pass == 0 ? 0.64 : 0.52;
+    using Grid = std::vector<std::vector<double>>;
+    Grid before(nn, std::vector<double>(2, 0.0)), after = before, ca = before, out = before, back = before;
+    for (size_t n = 0; n < nn; ++n) {
       std::vector<int64_t> nano;
-      for (int d : index) nano.push_back(docs[d]);
+      for (int d : nano_index[n]) nano.push_back(docs[d]);
       PlanOptions po;
       po.ranks = 2;
       po.policy = policy;
@@ -144,21 +191,30 @@ double PlannedIteration(const SimOptions& o, const std::vector<int64_t>& docs, P
       std::vector<double> tokens(2, 0.0);
       for (const PlanDocument& d : plan.documents)
         for (const PlanPiece& p : d.pieces) tokens[p.rank] += double(p.end - p.begin);
-      double slowest = 0;
       for (int r = 0; r < 2; ++r) {
-        c[r] += lin_factor * k.LinearForward(tokens[r]) + ca_factor * plan.stats.load[r] / 2e12;
+        const double lin = lin_factor * k.LinearForward(tokens[r]);
+        before[n][r] = before_share * lin;
+        after[n][r] = lin - before[n][r];
+        ca[n][r] = ca_factor * plan.stats.load[r] / 2e12;
         if (t.sent[r] > 0 || t.received[r] > 0) {
-          const double a2a = k.AllToAll(share * t.sent[r], share * t.received[r], true);
-          m[r] += a2a;
-          slowest = std::max(slowest, a2a);
+          out[n][r] = k.AllToAll(out_share * share * t.sent[r], out_share * share * t.received[r], true);
+          back[n][r] = k.AllToAll((1 - out_share) * share * t.sent[r], (1 - out_share) * share * t.received[r], true);
         }
       }
-      dispatch.push_back(slowest);
     }
-    for (int r = 0; r < 2; ++r) layer[pass] = std::max(layer[pass], ping_pong ? std::max(c[r], m[r]) : c[r] + m[r]);
-    if (ping_pong) layer[pass] += 0.5 * std::min(dispatch[0], dispatch[1]);
+    auto slowest = [](auto&& f) { return std::max(f(0), f(1)); };
+    if (nn == 2) {
+      layer[pass] = slowest([&](int r) { return std::max(after[1][r] + before[1][r], out[0][r]); }) +
+                    slowest([&](int r) { return std::max(ca[0][r], out[1][r]); }) +
+                    slowest([&](int r) { return std::max(ca[1][r], back[0][r]); }) +
+                    slowest([&](int r) { return std::max(after[0][r] + before[0][r], back[1][r]); });
+    } else {
+      for (size_t n = 0; n < nn; ++n)
+        for (const Grid* g : {&before, &out, &ca, &back, &after})
+          layer[pass] += slowest([&](int r) { return (*g)[n][r]; });
+    }
   }
-  const double head = k.HeadForward(1024);
+  const double head = k.HeadForward(head_tokens);
   return 2 * layer[0] + head + 2 * layer[1] + 2 * head;
 }
 
@@ -166,18 +222,73 @@ TEST(CadTest, CostsThePlannersTasksAndTraffic) {
   SimOptions o = TestOptions();
   o.comm_budget = 0;
   o.hardware.attention_efficiency = {{1.0, 1.0}};
-  const std::vector<int64_t> docs = {1024, 512, 512};
+  const std::vector<int64_t> docs = {1024, 256, 256, 256, 256};
   for (bool ping_pong : {true, false}) {
     o.ping_pong = ping_pong;
     for (SimStrategy s : {SimStrategy::kDistca, SimStrategy::kDistcaPaper}) {
       const PlanPolicy policy = s == SimStrategy::kDistca ? PlanPolicy::kDistca : PlanPolicy::kPaper;
       double bytes = 0;
       const double want = PlannedIteration(o, docs, policy, ping_pong, &bytes);
-      ASSERT_GT(bytes, 0);  // the {1024} nano-batch's second half is costlier: work moves
+      ASSERT_GT(bytes, 0) << SimStrategyName(s) << " ping-pong " << ping_pong;
       const SimResult r = SimulateOne(o, {docs}, s);
       EXPECT_NEAR(r.iteration_s, want, want * kRel) << SimStrategyName(s) << " ping-pong " << ping_pong;
       EXPECT_DOUBLE_EQ(r.bytes_moved, bytes);
     }
+  }
+}
+
+TEST(ColocatedTest, LaterRankFetchesTheKvPrefixOfACutDocument) {
+  // {512, 1024, 512} on 2 ranks: the 1024 is cut at its middle; rank 1
+  // serves rows [512, 1024) and fetches K/V [0, 512) from rank 0, with the
+  // traffic exposed (no ping-pong), as distca-train --attention colocated.
+  SimOptions o = TestOptions();
+  o.hardware.attention_efficiency = {{1.0, 1.0}};
+  const std::vector<int64_t> docs = {512, 1024, 512};
+  double bytes = 0;
+  const double want = PlannedIteration(o, docs, PlanPolicy::kColocated, /*ping_pong=*/false, &bytes);
+  ASSERT_GT(bytes, 0);
+  const SimResult r = SimulateOne(o, {docs}, SimStrategy::kColocated);
+  EXPECT_NEAR(r.iteration_s, want, want * kRel);
+  EXPECT_DOUBLE_EQ(r.bytes_moved, bytes);
+  EXPECT_EQ(r.cp, 1);
+  // Ping-pong is off for colocated whatever the option says.
+  o.ping_pong = false;
+  EXPECT_DOUBLE_EQ(SimulateOne(o, {docs}, SimStrategy::kColocated).iteration_s, r.iteration_s);
+}
+
+TEST(CadTest, CMinIsTheSmallestDegreeWhoseTokensFit) {
+  // 2 ranks, B = 2: at c 1 each rank holds a 1024 chunk per wave (2 waves);
+  // at c 2 a wave is one chunk over both ranks, 512 tokens each (4 waves).
+  SimOptions o = TestOptions();
+  o.comm_budget = 1'000'000'000;  // per device, allocated: counted in memory
+  o.hardware.attention_efficiency = {{1.0, 1.0}};
+  const double params = double(ParameterCount(o.model));
+  auto memory = [&](double tokens) {
+    return (params * 6 + params * 12 / 2 + tokens * 2 * 34 * 64 + 1e9 * 2) / 2;  // 2 layers, tp 2
+  };
+  for (SimStrategy s : {SimStrategy::kDistca, SimStrategy::kDistcaPaper}) {
+    o.hardware.memory_bytes = memory(1024);
+    SimResult r = SimulateOne(o, {{1024, 1024}}, s);
+    EXPECT_EQ(r.cp, 1) << SimStrategyName(s);
+    EXPECT_TRUE(r.memory_fits);
+    EXPECT_NEAR(r.memory_max_bytes, memory(1024), memory(1024) * kRel);
+    o.hardware.memory_bytes = memory(1023);
+    r = SimulateOne(o, {{1024, 1024}}, s);
+    EXPECT_EQ(r.cp, 2) << SimStrategyName(s);
+    EXPECT_TRUE(r.memory_fits);
+    EXPECT_NEAR(r.memory_max_bytes, memory(512), memory(512) * kRel);
+    // Two waves, each one 1024 document laid out over the 2 ranks (one plan:
+    // a single document cannot be split into nano-batches); the LM head
+    // runs over the 512 tokens of a rank.
+    const PlanPolicy policy = s == SimStrategy::kDistca ? PlanPolicy::kDistca : PlanPolicy::kPaper;
+    double bytes = 0;
+    const double want = 2 * PlannedIteration(o, {1024}, policy, /*ping_pong=*/false, &bytes, 512);
+    EXPECT_NEAR(r.iteration_s, want, want * kRel);
+    EXPECT_DOUBLE_EQ(r.bytes_moved, 2 * bytes);
+    o.hardware.memory_bytes = memory(511);
+    r = SimulateOne(o, {{1024, 1024}}, s);
+    EXPECT_EQ(r.cp, 2) << SimStrategyName(s);  // the largest degree, flagged
+    EXPECT_FALSE(r.memory_fits);
   }
 }
 
@@ -226,7 +337,12 @@ TEST(SimulateTest, RejectsBadOptionsAndBatches) {
   EXPECT_TRUE(Contains(Simulate(o, {{1024, 1024}}, {SimStrategy::kDistca}, &r), "not a multiple of tp x pp"));
   o = TestOptions();
   o.batch_size = 3;
-  EXPECT_TRUE(Contains(ValidateSimOptions(o), "multiple of the 2 ranks per stage"));
+  o.cp = 1;
+  EXPECT_TRUE(Contains(ValidateSimOptions(o), "batch size (3 chunks) is not a multiple of the 2 data-parallel"));
+  o.cp = 0;
+  EXPECT_TRUE(ValidateSimOptions(o).ok());  // CP 2: one replica runs all 3
+  EXPECT_TRUE(Contains(Simulate(o, {{1024, 1024, 1024}}, {SimStrategy::kColocated}, &r),
+                       "must be a multiple of the 2 ranks per stage (CP 1"));
   o = TestOptions();
   o.cp = 3;
   EXPECT_TRUE(Contains(ValidateSimOptions(o), "cp (3) must divide"));
@@ -236,7 +352,10 @@ TEST(SimulateTest, RejectsBadOptionsAndBatches) {
   EXPECT_TRUE(Contains(ValidateSimOptions(o), "do not split into pp = 2"));
   o = TestOptions();
   EXPECT_TRUE(Contains(Simulate(o, {{1024, 1000}}, {SimStrategy::kDistca}, &r), "holds 2024 tokens"));
-  EXPECT_TRUE(Contains(Simulate(o, {{2048}}, {SimStrategy::kDistca}, &r), "outside [1, max_doc_len = 1024]"));
+  EXPECT_TRUE(
+      Contains(Simulate(o, {{4096}}, {SimStrategy::kDistca}, &r), "outside [1, batch_size x max_doc_len = 2048]"));
+  // A document longer than L (a docs file's) is accepted.
+  EXPECT_TRUE(Simulate(o, {{2000, 48}}, {SimStrategy::kWlbIdeal, SimStrategy::kDistca}, &r).ok());
   EXPECT_TRUE(Contains(Simulate(o, {}, {SimStrategy::kDistca}, &r), "no batches"));
   o.hardware = HardwareProfile{};
   EXPECT_TRUE(Contains(ValidateSimOptions(o), "hardware profile is incomplete"));
@@ -246,6 +365,8 @@ TEST(SimulateTest, ParsesStrategyLists) {
   std::vector<SimStrategy> s;
   ASSERT_TRUE(ParseSimStrategies("distca,wlb-ideal", &s).ok());
   EXPECT_EQ(s, (std::vector<SimStrategy>{SimStrategy::kDistca, SimStrategy::kWlbIdeal}));
+  ASSERT_TRUE(ParseSimStrategies("colocated", &s).ok());
+  EXPECT_EQ(s, (std::vector<SimStrategy>{SimStrategy::kColocated}));
   EXPECT_TRUE(Contains(ParseSimStrategies("distca,fast", &s), "unknown strategy 'fast'"));
   EXPECT_TRUE(Contains(ParseSimStrategies("distca,distca", &s), "listed twice"));
   EXPECT_TRUE(Contains(ParseSimStrategies("", &s), "unknown strategy ''"));
@@ -271,6 +392,20 @@ TEST(GridTest, PaperGridShapesAndCsv) {
   }
   EXPECT_EQ(points[0].Label(), "8B 128K 64");
   EXPECT_FALSE(PaperGrid("5d", &points).ok());
+  // The DistCA artifact's recipe: elongate L / 64K, 256K tokens per rank and
+  // stage per iteration (8B 512K on 64 GPUs: 8 ranks, 4 chunks).
+  GridRecipe artifact;
+  artifact.elongate_base = 64 * 1024;
+  artifact.tokens_per_rank = 256 * 1024;
+  ASSERT_TRUE(PaperGrid("3d", &points, artifact).ok());
+  for (const GridPoint& p : points) {
+    EXPECT_DOUBLE_EQ(p.elongate, double(p.max_doc_len) / (64 * 1024));
+    EXPECT_EQ(p.batch_size, int(int64_t{p.gpus / p.tp} * 256 * 1024 / p.max_doc_len));
+  }
+  EXPECT_EQ(points[8].Label(), "8B 512K 64");
+  EXPECT_EQ(points[8].batch_size, 4);
+  artifact.elongate_base = 0;
+  EXPECT_FALSE(PaperGrid("3d", &points, artifact).ok());
 
   const std::string header = GridCsvHeader();
   SimResult r;
