@@ -7,7 +7,6 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
-#include "common/file_util.h"
 #include "common/timer.h"
 #include "distca/pingpong.h"
 #include "distca/workload.h"
@@ -107,10 +106,8 @@ struct CaseResult {
 }  // namespace
 
 bool RunDispatchBench(const DispatchBenchOptions& o, std::string* error) {
-  std::string text;
   std::vector<int64_t> pool;
-  Status s = ReadTextFile(o.lengths_file, &text);
-  if (s.ok()) s = ParseLengthsJson(text, &pool);
+  Status s = ReadLengthsFile(o.lengths_file, &pool);
   if (!s.ok()) {
     *error = s.ToString();
     return false;

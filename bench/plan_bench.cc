@@ -6,7 +6,6 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "common/file_util.h"
 #include "common/timer.h"
 #include "distca/plan.h"
 #include "distca/workload.h"
@@ -27,10 +26,8 @@ struct Summary {
 }  // namespace
 
 bool RunPlanBench(const PlanBenchOptions& o, std::string* error) {
-  std::string text;
   std::vector<int64_t> pool;
-  Status s = ReadTextFile(o.lengths_file, &text);
-  if (s.ok()) s = ParseLengthsJson(text, &pool);
+  Status s = ReadLengthsFile(o.lengths_file, &pool);
   if (!s.ok()) {
     *error = s.ToString();
     return false;

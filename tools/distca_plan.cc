@@ -36,10 +36,8 @@ struct Args {
 
 // The batches to plan, from --docs-file or sampled from --lengths.
 Status LoadBatches(const Args& a, std::vector<std::vector<int64_t>>* batches) {
-  std::string text;
   if (!a.docs_file.empty()) {
-    DISTCA_RETURN_IF_ERROR(distca::ReadTextFile(a.docs_file, &text));
-    DISTCA_RETURN_IF_ERROR(distca::ParseBatchesJson(text, batches).WithContext(a.docs_file));
+    DISTCA_RETURN_IF_ERROR(distca::ReadBatchesFile(a.docs_file, batches));
     if (a.batch) {
       if (*a.batch < 0 || *a.batch >= static_cast<int>(batches->size()))
         return Status::InvalidArgument(
@@ -49,8 +47,7 @@ Status LoadBatches(const Args& a, std::vector<std::vector<int64_t>>* batches) {
     return Status::Ok();
   }
   std::vector<int64_t> pool;
-  DISTCA_RETURN_IF_ERROR(distca::ReadTextFile(a.lengths_file, &text));
-  DISTCA_RETURN_IF_ERROR(distca::ParseLengthsJson(text, &pool).WithContext(a.lengths_file));
+  DISTCA_RETURN_IF_ERROR(distca::ReadLengthsFile(a.lengths_file, &pool));
   distca::WorkloadRecipe recipe = a.recipe;
   recipe.tokens_per_batch = int64_t{a.plan.ranks} * a.tokens_per_rank.value_or(128 * 1024);
   return distca::SampleBatches(pool, recipe, a.batches, batches);

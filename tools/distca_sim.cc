@@ -297,7 +297,6 @@ int main(int argc, char** argv) {
   s = distca::LoadHardwareProfile(FindHardware(a.hardware), &o.hardware);
   if (!s.ok()) return Fail(s.message());
   if (a.lengths.empty() == a.docs_file.empty()) return Fail("give exactly one of --lengths and --docs-file");
-  std::string text;
   std::vector<std::vector<int64_t>> batches;
   if (!a.docs_file.empty()) {
     if (!a.paper_grid.empty()) return Fail("--paper-grid samples from --lengths, not --docs-file");
@@ -311,8 +310,7 @@ int main(int argc, char** argv) {
     shape.cp = 0;
     s = distca::ValidateSimOptions(shape);
     if (!s.ok()) return Fail(s.message());
-    s = distca::ReadTextFile(a.docs_file, &text);
-    if (s.ok()) s = distca::ParseBatchesJson(text, &batches).WithContext(a.docs_file);
+    s = distca::ReadBatchesFile(a.docs_file, &batches);
     if (!s.ok()) return Fail(s.message());
     s = DocsFileShape(batches, o.gpus / (o.tp * o.pp), &o);
     if (!s.ok()) return Fail(fmt::format("{}: {}", a.docs_file, s.message()));
@@ -320,8 +318,7 @@ int main(int argc, char** argv) {
     if (!s.ok()) return Fail(s.message());
   } else {
     std::vector<int64_t> pool;
-    s = distca::ReadTextFile(a.lengths, &text);
-    if (s.ok()) s = distca::ParseLengthsJson(text, &pool).WithContext(a.lengths);
+    s = distca::ReadLengthsFile(a.lengths, &pool);
     if (!s.ok()) return Fail(s.message());
 
     if (!a.paper_grid.empty()) {

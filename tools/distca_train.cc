@@ -14,6 +14,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -77,20 +78,19 @@ nlohmann::json StepJson(const std::string& mode, const distca::StepMetrics& m) {
 struct RunSummary {
   std::string mode;
   std::vector<distca::StepMetrics> all_steps;
-  std::vector<distca::StepMetrics> steps;  // the ones averaged
-  void Add(const distca::StepMetrics& m) {
-    all_steps.push_back(m);
-    steps.assign(all_steps.begin() + (all_steps.size() > 1 ? 1 : 0), all_steps.end());
+  // The steps averaged.
+  std::span<const distca::StepMetrics> steps() const {
+    return std::span<const distca::StepMetrics>(all_steps).subspan(all_steps.size() > 1 ? 1 : 0);
   }
   double MeanStep() const {
     double s = 0;
-    for (const auto& m : steps) s += m.step_s;
-    return steps.empty() ? 0 : s / double(steps.size());
+    for (const auto& m : steps()) s += m.step_s;
+    return steps().empty() ? 0 : s / double(steps().size());
   }
   distca::RankStepMetrics MeanRank(size_t r) const {
     distca::RankStepMetrics out;
     out.rank = static_cast<int>(r);
-    for (const auto& m : steps) {
+    for (const auto& m : steps()) {
       const auto& x = m.ranks[r];
       out.tokens += x.tokens;
       out.attn_s += x.attn_s;
@@ -100,7 +100,7 @@ struct RunSummary {
       out.busy_s += x.busy_s;
       out.peak_rss_bytes = std::max(out.peak_rss_bytes, x.peak_rss_bytes);
     }
-    const double n = double(std::max<size_t>(1, steps.size()));
+    const double n = double(std::max<size_t>(1, steps().size()));
     out.tokens = static_cast<int64_t>(double(out.tokens) / n);
     out.attn_s /= n;
     out.linear_s /= n;
@@ -112,13 +112,13 @@ struct RunSummary {
 };
 
 void PrintSummary(const RunSummary& run) {
-  if (run.steps.empty()) return;
+  if (run.steps().empty()) return;
   fmt::print("\n{} summary over {} steps{}: mean step {:.3f} s, {} tok/s, final loss {:.4f}\n", run.mode,
-             run.steps.size(), run.all_steps.size() > 1 ? " (after the warm-up step)" : "", run.MeanStep(),
-             Rate(double(run.steps.back().tokens) / run.MeanStep()), run.steps.back().loss);
+             run.steps().size(), run.all_steps.size() > 1 ? " (after the warm-up step)" : "", run.MeanStep(),
+             Rate(double(run.steps().back().tokens) / run.MeanStep()), run.steps().back().loss);
   fmt::print("{:>5} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10}\n", "rank", "tokens", "attn s", "linear s", "comm s",
              "wait s", "busy s", "peak RSS");
-  for (size_t r = 0; r < run.steps.back().ranks.size(); ++r) {
+  for (size_t r = 0; r < run.steps().back().ranks.size(); ++r) {
     const auto x = run.MeanRank(r);
     fmt::print("{:>5} {:>8} {:>9.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>8.0f}MB\n", r, x.tokens, x.attn_s,
                x.linear_s, x.comm_s, x.wait_s, x.busy_s, double(x.peak_rss_bytes) / (1 << 20));
@@ -126,15 +126,15 @@ void PrintSummary(const RunSummary& run) {
 }
 
 void PrintComparison(const RunSummary& colocated, const RunSummary& cad) {
-  if (colocated.steps.empty() || cad.steps.empty()) return;
-  const size_t ranks = colocated.steps.back().ranks.size();
-  fmt::print("\ncolocated vs CAD, per-rank means over {} steps after the warm-up step (seconds)\n", cad.steps.size());
+  if (colocated.steps().empty() || cad.steps().empty()) return;
+  const size_t ranks = colocated.steps().back().ranks.size();
+  fmt::print("\ncolocated vs CAD, per-rank means over {} steps after the warm-up step (seconds)\n", cad.steps().size());
   fmt::print("{:>5} | {:>8} {:>8} {:>8} | {:>8} {:>8} {:>8}\n", "rank", "attn", "linear", "wait", "attn", "linear",
              "wait");
   double busy = 0;
   for (size_t r = 0; r < ranks; ++r) {
     const auto a = colocated.MeanRank(r);
-    const auto b = r < cad.steps.back().ranks.size() ? cad.MeanRank(r) : distca::RankStepMetrics{};
+    const auto b = r < cad.steps().back().ranks.size() ? cad.MeanRank(r) : distca::RankStepMetrics{};
     busy += a.busy_s;
     fmt::print("{:>5} | {:>8.3f} {:>8.3f} {:>8.3f} | {:>8.3f} {:>8.3f} {:>8.3f}\n", r, a.attn_s, a.linear_s, a.wait_s,
                b.attn_s, b.linear_s, b.wait_s);
@@ -254,7 +254,7 @@ int main(int argc, char** argv) {
     for (const distca::TrainOptions& v : variants) {
       const std::string mode = distca::AttentionModeName(v.attention);
       if (root) {
-        runs.push_back({mode, {}, {}});
+        runs.push_back({mode, {}});
         fmt::print("distca-train: {} model ({} layers, hidden {}, heads {}x{}, ffn {}), {} ranks ({} backend), {}",
                    v.model.name, v.model.num_layers, v.model.hidden, v.model.q_heads, v.model.kv_heads,
                    v.model.ffn_hidden, comm.size(), comm.backend(), mode);
@@ -270,7 +270,7 @@ int main(int argc, char** argv) {
       DISTCA_RETURN_IF_ERROR(distca::Train(comm, v, [&](const distca::StepMetrics& m) {
         std::lock_guard<std::mutex> lock(print_mu);
         if (first_step < 0) first_step = m.step;
-        runs.back().Add(m);
+        runs.back().all_steps.push_back(m);
         const double done = double(m.step - first_step + 1), left = double(v.steps - m.step);
         fmt::print(
             "[{}] step {}/{}  loss {:.4f}  {} tok/s  step {:.2f} s  balance {:.3f}  comm {:.1f} MB  "

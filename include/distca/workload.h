@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -15,6 +16,10 @@ Status ParseLengthsJson(std::string_view text, std::vector<int64_t>* lengths);
 
 // {"batches": [[len, len, ...], ...]}: each batch a non-empty list of positive lengths.
 Status ParseBatchesJson(std::string_view text, std::vector<std::vector<int64_t>>* batches);
+
+// Read a file and parse it as above; errors name the path.
+Status ReadLengthsFile(const std::string& path, std::vector<int64_t>* lengths);
+Status ReadBatchesFile(const std::string& path, std::vector<std::vector<int64_t>>* batches);
 
 // The "Pretrain" recipe of the DistCA evaluation: documents of at least
 // upsample_threshold tokens appear `upsample` times, shorter ones are kept with

@@ -1,7 +1,6 @@
 // BatchStream::Open: validates DataOptions and picks the stream for the spec.
 #include <fmt/format.h>
 
-#include "common/file_util.h"
 #include "data/streams.h"
 #include "distca/dataset.h"
 
@@ -28,11 +27,7 @@ Status OpenDocsFile(const DataOptions& o, std::unique_ptr<BatchStream>* out) {
     return Status::InvalidArgument(fmt::format("tokens per batch must be >= 0, got {}", o.tokens_per_batch));
   std::vector<std::vector<int64_t>> batches = o.batches;
   const std::string source = batches.empty() ? o.docs_file : "in-memory batches";
-  if (batches.empty()) {
-    std::string text;
-    DISTCA_RETURN_IF_ERROR(ReadTextFile(o.docs_file, &text));
-    DISTCA_RETURN_IF_ERROR(ParseBatchesJson(text, &batches).WithContext(o.docs_file));
-  }
+  if (batches.empty()) DISTCA_RETURN_IF_ERROR(ReadBatchesFile(o.docs_file, &batches));
   for (size_t b = 0; b < batches.size(); ++b) {
     if (batches[b].empty()) return Status::InvalidArgument(fmt::format("{}: batches[{}] is empty", source, b));
     int64_t total = 0;
@@ -41,23 +36,22 @@ Status OpenDocsFile(const DataOptions& o, std::unique_ptr<BatchStream>* out) {
       if (len <= 0)
         return Status::InvalidArgument(fmt::format("{}: batches[{}][{}] = {} must be positive", source, b, d, len));
       if (o.max_doc_len > 0 && len > o.max_doc_len)
-        return Status::InvalidArgument(fmt::format("{}: batches[{}][{}] = {} is longer than max doc len {}",
-                                                   source, b, d, len, o.max_doc_len));
+        return Status::InvalidArgument(
+            fmt::format("{}: batches[{}][{}] = {} is longer than max doc len {}", source, b, d, len, o.max_doc_len));
       total += len;
     }
     if (o.tokens_per_batch > 0 && total != o.tokens_per_batch)
-      return Status::InvalidArgument(fmt::format("{}: batches[{}] holds {} tokens, not the {} tokens per batch asked for",
-                                                 source, b, total, o.tokens_per_batch));
+      return Status::InvalidArgument(
+          fmt::format("{}: batches[{}] holds {} tokens, not the {} tokens per batch asked for", source, b, total,
+                      o.tokens_per_batch));
   }
   *out = data::NewFixedLengthsStream(source, std::move(batches), o);
   return Status::Ok();
 }
 
 Status OpenSampled(const std::string& file, const DataOptions& o, std::unique_ptr<BatchStream>* out) {
-  std::string text;
   std::vector<int64_t> pool;
-  DISTCA_RETURN_IF_ERROR(ReadTextFile(file, &text));
-  DISTCA_RETURN_IF_ERROR(ParseLengthsJson(text, &pool).WithContext(file));
+  DISTCA_RETURN_IF_ERROR(ReadLengthsFile(file, &pool));
   WorkloadRecipe recipe = o.recipe;
   recipe.tokens_per_batch = o.tokens_per_batch;
   recipe.seed = o.seed;

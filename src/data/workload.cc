@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "common/file_util.h"
 #include "distca/plan.h"
 
 namespace distca {
@@ -96,6 +97,18 @@ Status SampleBatches(const std::vector<int64_t>& pool, const WorkloadRecipe& r, 
     batches->push_back(std::move(batch));
   }
   return Status::Ok();
+}
+
+Status ReadLengthsFile(const std::string& path, std::vector<int64_t>* lengths) {
+  std::string text;
+  DISTCA_RETURN_IF_ERROR(ReadTextFile(path, &text));
+  return ParseLengthsJson(text, lengths).WithContext(path);
+}
+
+Status ReadBatchesFile(const std::string& path, std::vector<std::vector<int64_t>>* batches) {
+  std::string text;
+  DISTCA_RETURN_IF_ERROR(ReadTextFile(path, &text));
+  return ParseBatchesJson(text, batches).WithContext(path);
 }
 
 }  // namespace distca

@@ -45,27 +45,6 @@ std::vector<PlanTask> MergeContiguous(std::vector<PlanTask> tasks) {
   return merged;
 }
 
-// BuildPlan, raising eps until the comm budget fits. BuildPlan's own loop
-// stops with kInternal once eps passes the colocated plan's imbalance while
-// the policy still moves work (the paper policy does: a server far below the
-// mean keeps asking until eps reaches 1). The published loop would go on
-// raising eps; at eps = 1 the paper policy moves nothing, so the outcome is
-// the colocated plan, which this reproduces (tolerance_used = 1).
-Status PlanWithinBudget(const std::vector<int64_t>& docs, const PlanOptions& options, const CostModel& cost,
-                        Plan* plan) {
-  const Status s = BuildPlan(docs, options, cost, plan);
-  if (s.ok() || s.code() != StatusCode::kInternal || options.comm_budget == 0) return s;
-  PlanOptions o = options;
-  o.comm_budget = 0;
-  o.tolerance = 1.0;
-  DISTCA_RETURN_IF_ERROR(BuildPlan(docs, o, cost, plan));
-  if (plan->stats.traffic.max_rank_bytes() <= options.comm_budget) return Status::Ok();
-  o.policy = PlanPolicy::kColocated;
-  DISTCA_RETURN_IF_ERROR(BuildPlan(docs, o, cost, plan));
-  plan->tolerance_used = 1.0;
-  return Status::Ok();
-}
-
 int64_t Sum(const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), int64_t{0}); }
 
 }  // namespace
@@ -157,7 +136,7 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
     for (size_t n = 0; n < pooled.size(); ++n) {
       Plan plan;
       DISTCA_RETURN_IF_ERROR(
-          PlanWithinBudget(pooled[n], po, flops, &plan).WithContext(fmt::format("tick {}, nano-batch {}", tick, n)));
+          BuildPlan(pooled[n], po, flops, &plan).WithContext(fmt::format("tick {}, nano-batch {}", tick, n)));
       NanoCost c;
       c.tokens.assign(total_ranks, 0.0);
       c.attention.assign(total_ranks, 0.0);
