@@ -162,6 +162,8 @@ int RunGrid(const Args& a, const std::vector<int64_t>& pool, const std::vector<d
     o.pp = p.pp;
     o.max_doc_len = p.max_doc_len;
     o.batch_size = p.batch_size;
+    o.micro_batches = p.micro_batches;
+    o.recompute_mlp = p.recompute_mlp;
     std::vector<std::vector<int64_t>> batches;
     std::vector<SimResult> results;
     s = Sample(pool, a, o, p.elongate, &batches);
@@ -261,9 +263,19 @@ int main(int argc, char** argv) {
   app.add_option("--strategies", a.strategies,
                  "comma-separated from wlb-ideal, megatron, distca-paper, distca, colocated (Default: "
                  "wlb-ideal,megatron,distca-paper,distca)");
+  app.add_option("--micro-batches", o.micro_batches,
+                 "micro-batches per data-parallel replica, the whole batch balanced at once (the DistCA artifact: "
+                 "1); Default: 0 = one L-token chunk per micro-batch")
+      ->check(nonneg);
   app.add_option("--servers", o.dedicated_servers, "distca: dedicated attention servers per stage (Default: 0)")
       ->check(nonneg);
   app.add_flag("--no-ping-pong", a.no_ping_pong, "CAD without nano-batch overlap");
+  app.add_flag("--wlb-whole-batch", o.wlb_whole_batch,
+               "with --micro-batches: wlb-ideal balances the whole batch over all d x m micro-batches instead of "
+               "each micro-batch over the d replicas");
+  app.add_flag("--recompute-mlp", o.recompute_mlp,
+               "recompute the MLP in the backward pass too (17 h instead of 34 h activation bytes per token and "
+               "layer; the DistCA artifact's selective checkpointing)");
   app.add_option("--tolerance", o.tolerance, "CAD planner's initial eps (Default: 0.05)")->check(nonneg);
   app.add_option("--comm-budget", o.comm_budget, "CAD per-rank bytes per plan, 0 = unlimited (Default: 2e9)")
       ->check(nonneg);
@@ -274,10 +286,10 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"3d", "4d"}));
   app.add_option("--out", a.out_dir, "with --paper-grid: directory for grid_<d>.csv and speedup_<d>.png");
   app.add_option("--grid-elongate-base", a.grid_recipe.elongate_base,
-                 "with --paper-grid: elongate = L / this (Default: 131072; the DistCA artifact: 65536)")
+                 "with --paper-grid: elongate = L / this (Default: 65536, the DistCA artifact's)")
       ->check(pos);
-  app.add_option("--grid-tokens-per-rank", a.grid_recipe.tokens_per_rank,
-                 "with --paper-grid: B = pp G T / L chunks instead of 2 pp G (Default: 0 = 2 chunks per rank)")
+  app.add_option("--grid-micro-batches", a.grid_recipe.micro_batches,
+                 "with --paper-grid: --micro-batches for every point (Default: 0 = 1 in 3d, 8 in 4d)")
       ->check(nonneg);
   app.add_flag("--tolerance-sweep", a.tolerance_sweep, "CAD time and buffer at eps 0, 0.05, 0.1, 0.2, 0.4");
   CLI11_PARSE(app, argc, argv);

@@ -78,6 +78,26 @@ struct SimOptions {
   // Baselines' CP degree (divides G; G / cp must divide B); 0 = the fastest
   // of a sweep among the degrees whose memory fits. Default: 0
   int cp = 0;
+  // Micro-batches (gradient-accumulation steps) per data-parallel replica.
+  // 0: a micro-batch is one chunk of L tokens (Megatron's convention: B c / G
+  // per replica at CP degree c; CAD: waves of G / c_min chunks). m >= 1: the
+  // DistCA artifact's convention, every strategy runs the iteration's B L
+  // tokens as m micro-batches per replica, each rank holding B L / (m G)
+  // tokens of one: wlb-ideal repacks each micro-batch's B L / m tokens into
+  // d bins of at most B L / (d m) with the artifact's balancer, megatron
+  // gives each replica B / d chunks in m groups, CAD runs m waves over all G
+  // ranks. Default: 0
+  int micro_batches = 0;
+  // Selective recomputation of the MLP besides core attention (the DistCA
+  // artifact's EXPERIMENT_ADD_SELECTIVE_CKPT, used at 256K and longer):
+  // activations keep 17 h instead of 34 h bytes per token and layer, and the
+  // backward pass reruns the MLP's forward. Default: false
+  bool recompute_mlp = false;
+  // wlb-ideal with micro_batches set: balance the whole batch at once over
+  // all d m micro-batches (WLB-LLM's packing across the global batch)
+  // instead of each micro-batch's documents over the d replicas (the
+  // artifact's pipeline-parallel runner). Default: false
+  bool wlb_whole_batch = false;
   int dedicated_servers = 0;  // distca: extra attention-only ranks per stage. Default: 0
   // CAD: two nano-batches overlapping compute and traffic; off: one plan per
   // wave, its traffic exposed (distca-train --ping-pong off). Default: on
@@ -117,7 +137,8 @@ struct SimResult {
   double bytes_moved = 0;       // per iteration, mean over batches, all ranks
   double max_buffer_bytes = 0;  // CAD: largest per-rank send + receive of one layer, per device
   // Baselines: the CP degree c used; CAD: c_min (each rank holds L / c_min
-  // tokens per wave); colocated: 1.
+  // tokens per wave), 0 with micro_batches set (B L / (m G) tokens per rank);
+  // colocated: 1.
   int cp = 0;
   double tolerance_used = 0;  // CAD: mean eps of the plans (after comm-budget raises)
   SimBreakdown breakdown;     // mean over batches
@@ -133,7 +154,8 @@ Status ValidateSimOptions(const SimOptions& options);
 // kWlbIdeal is among them. Divisibility: the baselines only consider CP
 // degrees c with G / c dividing B (with options.cp set, an error names it);
 // CAD needs G / c_min to divide B (c_min is raised until it does); colocated
-// needs G to divide B.
+// needs G to divide B. With micro_batches = m set, none of these apply: every
+// power of two dividing G is a CP degree, and B L >= m G is required.
 Status Simulate(const SimOptions& options, const std::vector<std::vector<int64_t>>& batches,
                 const std::vector<SimStrategy>& strategies, std::vector<SimResult>* results);
 
@@ -146,21 +168,24 @@ struct GridPoint {
   int64_t max_doc_len = 0;
   int batch_size = 0;
   double elongate = 1.0;      // the Pretrain recipe's length multiplier for this L
+  int micro_batches = 0;      // SimOptions::micro_batches
+  bool recompute_mlp = false;  // SimOptions::recompute_mlp
   std::string Label() const;  // e.g. "8B 128K 64"
 };
 
-// How the grid sizes its workload. The defaults are the grid (m = 2
-// chunks per rank and stage, elongate = L / 128K); the DistCA artifact's
-// benchmark scripts use elongate = L / 64K and a global batch that holds a
-// fixed number of tokens instead (docs/simulator.md, "Gap analysis").
+// How the grid samples its workload and forms micro-batches.
 struct GridRecipe {
-  int64_t elongate_base = 131072;  // elongate = L / elongate_base. Default: 128K
-  // 0: B = 2 pp G chunks. Else tokens per rank and stage per iteration:
-  // B = pp G tokens_per_rank / L (at least one chunk). Default: 0
-  int64_t tokens_per_rank = 0;
+  // elongate = L / elongate_base (the Pretrain recipe). Default: 64K, the
+  // DistCA artifact's ELONGATE_FACTOR = NUM_TOKENS / 65536
+  int64_t elongate_base = 65536;
+  // SimOptions::micro_batches for every point; 0 = the artifact's: 1 in 3D
+  // (the whole batch at once), 8 in 4D (its PP configurations). Default: 0
+  int micro_batches = 0;
 };
 
-// dims "3d" (pp 1) or "4d" (pp 2 for llama3-8b, 4 for llama-34b).
+// The paper's Table 3 ("3d": pp 1, 64-256 GPUs) or Table 4 ("4d": pp 2;
+// Llama-3-8B on 64-256 GPUs, Llama-34B on 128-512): model, maximum document
+// length and batch size per GPU count (docs/simulator.md, "Grid").
 Status PaperGrid(std::string_view dims, std::vector<GridPoint>* points, const GridRecipe& recipe = {});
 
 // One CSV row per (grid point, strategy); the header names every column.

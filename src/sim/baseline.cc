@@ -22,7 +22,7 @@ CpStageCost CostCpMicroBatch(const SimContext& ctx, const std::vector<int64_t>& 
   cost.reduce_scatter = cost.all_gather;
   const int layers = ctx.stage_layers;
   cost.forward = layers * (cost.linear_f + cost.attention_f + cost.all_gather);
-  cost.backward = layers * (kBackwardLinearFactor * cost.linear_f + k.AttentionBackwardFactor() * cost.attention_f +
+  cost.backward = layers * (k.BackwardLinearFactor() * cost.linear_f + k.AttentionBackwardFactor() * cost.attention_f +
                             cost.reduce_scatter);
   cost.head_f = k.HeadForward(tokens / c);
   return cost;
@@ -63,7 +63,7 @@ Status RunContextParallel(const SimContext& ctx, const std::vector<std::vector<i
       buffer = std::max(buffer, c > 1 ? 2.0 * tokens[i] * k.KvBytesPerToken() : 0.0);
 
       o.breakdown.forward_linear_s += cc.linear_f / d;
-      o.breakdown.backward_linear_s += kBackwardLinearFactor * cc.linear_f / d;
+      o.breakdown.backward_linear_s += k.BackwardLinearFactor() * cc.linear_f / d;
       o.breakdown.forward_attention_s += cc.attention_f / d;
       o.breakdown.backward_attention_s += k.AttentionBackwardFactor() * cc.attention_f / d;
       o.breakdown.forward_comm_s += cc.all_gather / d;

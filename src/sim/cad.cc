@@ -54,7 +54,7 @@ double CadMemoryBytes(const SimContext& ctx, int c) {
   MemoryInput mem;
   mem.stage_params = ctx.stage_params;
   mem.optimizer_shards = ctx.stage_ranks;
-  mem.activation_tokens = double(o.max_doc_len) / c * ctx.InFlight(ctx.MicroBatchesPerReplica(c)) * ctx.stage_layers;
+  mem.activation_tokens = ctx.CadRankTokens(c) * ctx.InFlight(ctx.MicroBatchesPerReplica(c)) * ctx.stage_layers;
   mem.buffer_bytes = double(o.comm_budget) * o.tp;
   return DeviceMemoryBytes(ctx.costs, mem);
 }
@@ -69,13 +69,13 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
   if (m <= 0) return Status::Internal(fmt::format("c_min {} does not split the batch into whole waves", c_min));
   const int stride = G + S;  // ranks per stage, servers included
   const int total_ranks = P * stride;
-  const int64_t L = opt.max_doc_len;
-  const double rank_tokens = double(L) / c_min;  // per rank and wave, nominal
+  const double rank_tokens = ctx.CadRankTokens(c_min);  // per rank and wave, nominal
 
   // Waves, each split into two nano-batches with ping-pong (a wave of one
   // document cannot be split: documents stay whole, so it runs as one); with
   // ping-pong off, and for colocated, one plan per wave, as distca-train runs.
-  const std::vector<std::vector<int64_t>> waves = SplitIntoWaves(batch, m, int64_t{G / c_min} * L);
+  const std::vector<std::vector<int64_t>> waves =
+      SplitIntoWaves(batch, m, std::max<int64_t>(1, int64_t(rank_tokens * G + 0.5)));
   std::vector<std::vector<std::vector<int64_t>>> nanos(m);
   for (int w = 0; w < m; ++w) {
     if (waves[w].size() < 2 || !opt.ping_pong || colocated) {
@@ -93,8 +93,13 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
   PlanOptions base;
   base.policy = variant.policy;
   base.tolerance = opt.tolerance;
-  // The budget is per device; a rank's tp devices each carry 1/tp of the heads.
-  base.comm_budget = colocated ? 0 : opt.comm_budget * opt.tp;
+  // The budget is per device (a rank's tp devices each carry 1/tp of the
+  // heads) and per all-to-all: the buffer holds one exchange at a time, and
+  // DistCA checks each of the four against it. The planner's budget counts a
+  // layer's forward + backward bytes, so it gets the budget divided by the
+  // largest exchange's share of them.
+  base.comm_budget =
+      colocated ? 0 : int64_t(double(opt.comm_budget) * opt.tp / k.LargestExchangeShare());
   base.model = {opt.model.q_heads, opt.model.kv_heads, opt.model.head_dim(), opt.hardware.dtype_bytes};
   const CostModel flops = CostModel::Flops(base.model);
 
@@ -167,9 +172,10 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
     // All-to-alls synchronize the ranks, so each phase lasts as long as its
     // slowest rank.
     for (int pass = 0; pass < 2; ++pass) {
-      const double lin_factor = pass == 0 ? 1.0 : kBackwardLinearFactor;
+      const double lin_factor = pass == 0 ? 1.0 : k.BackwardLinearFactor();
+      const double head_factor = pass == 0 ? 1.0 : kBackwardLinearFactor;
       const double ca_factor = pass == 0 ? 1.0 : k.AttentionBackwardFactor();
-      const double before_share = pass == 0 ? k.PreAttentionShare() : 1.0 - k.PreAttentionShare();
+      const double before_share = k.BeforeAttentionShare(pass == 1);
       const double dispatch_share = k.DispatchShare(pass == 1);
       const size_t nn = costs.size();
       using PerRank = std::vector<double>;
@@ -238,7 +244,7 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
       // the activations crossing stage boundaries.
       double head = 0;
       if (std::find(active.begin(), active.end(), P - 1) != active.end()) {
-        head = lin_factor * k.HeadForward(rank_tokens);
+        head = head_factor * k.HeadForward(rank_tokens);
         for (int j = 0; j < G; ++j) o.busy_s[(P - 1) * stride + j] += head;
       }
       o.iteration_s += ctx.stage_layers * layer + head + p2p;

@@ -6,7 +6,8 @@
 
 namespace distca::sim {
 
-RankCosts::RankCosts(const ModelConfig& m, const HardwareProfile& hw, int tp) : hw_(hw), tp_(tp) {
+RankCosts::RankCosts(const ModelConfig& m, const HardwareProfile& hw, int tp, bool recompute_mlp)
+    : hw_(hw), tp_(tp) {
   const double h = m.hidden;
   const double h_kv = double(m.kv_heads) * m.head_dim();
   linear_rate_ = tp * hw.peak_flops * hw.linear_mfu;
@@ -16,7 +17,11 @@ RankCosts::RankCosts(const ModelConfig& m, const HardwareProfile& hw, int tp) : 
   attention_flops_per_pair_ = 4.0 * m.head_dim() * m.q_heads;
   kv_bytes_per_token_ = 2 * h_kv * hw.dtype_bytes;
   hidden_bytes_per_token_ = h * hw.dtype_bytes;
-  activation_bytes_per_token_ = kActivationBytesPerHidden * h * hw.dtype_bytes / 2.0;
+  const double mlp_flops_per_token = 6 * h * m.ffn_hidden;
+  backward_linear_factor_ =
+      kBackwardLinearFactor + (recompute_mlp ? mlp_flops_per_token / linear_flops_per_token_ : 0.0);
+  activation_bytes_per_token_ =
+      (recompute_mlp ? kActivationBytesPerHiddenMlpRecompute : kActivationBytesPerHidden) * h * hw.dtype_bytes / 2.0;
   pre_attention_share_ = (h + 2 * h_kv) / (2 * h + 2 * h_kv + 3.0 * m.ffn_hidden);
   const double q_row = double(m.q_heads) * m.head_dim() * hw.dtype_bytes;  // Q, O, dO, dQ
   const double kv_row = 2 * h_kv * hw.dtype_bytes;                         // K and V
@@ -25,6 +30,8 @@ RankCosts::RankCosts(const ModelConfig& m, const HardwareProfile& hw, int tp) : 
   const double bwd_out = 2 * q_row + 2 * stat + kv_row, bwd_back = q_row + 2 * h_kv * 4.0;
   dispatch_share_fwd_ = fwd_out / (fwd_out + fwd_back);
   dispatch_share_bwd_ = bwd_out / (bwd_out + bwd_back);
+  largest_exchange_share_ =
+      std::max({fwd_out, fwd_back, bwd_out, bwd_back}) / (fwd_out + fwd_back + bwd_out + bwd_back);
 }
 
 double RankCosts::AttentionForward(int64_t q_begin, int64_t q_end) const {

@@ -13,19 +13,34 @@ namespace distca::sim {
 // core attention's is the hardware profile's attention_backward_factor.
 inline constexpr double kBackwardLinearFactor = 2.0;
 // Activation bytes kept per token per layer, in units of hidden * (dtype / 2),
-// with selective recomputation (Korthikanti et al. 2022, Table 2: 34 s b h).
+// with selective recomputation of core attention (Korthikanti et al. 2022,
+// Table 2: 34 s b h), and with the MLP recomputed as well: its 19 s b h
+// (Korthikanti et al., section 4.1) dropped, its 2 s b h input kept.
 inline constexpr double kActivationBytesPerHidden = 34.0;
+inline constexpr double kActivationBytesPerHiddenMlpRecompute = 34.0 - 19.0 + 2.0;
 
 class RankCosts {
  public:
   // REQUIRES: model and hardware valid (ValidateSimOptions), tp >= 1.
-  RankCosts(const ModelConfig& model, const HardwareProfile& hardware, int tp);
+  // recompute_mlp: selective recomputation of the MLP (SimOptions).
+  RankCosts(const ModelConfig& model, const HardwareProfile& hardware, int tp, bool recompute_mlp = false);
 
   // Context-independent FLOPs of one token in one layer, forward:
   // 2h(2h + 2h_kv) + 6 h ffn, with h_kv = kv_heads * head_dim.
   double LinearFlopsPerToken() const { return linear_flops_per_token_; }
   // Seconds of one layer's context-independent part over `tokens`, forward.
   double LinearForward(double tokens) const { return tokens * linear_flops_per_token_ / linear_rate_; }
+  // Backward / forward time of a layer's context-independent part: 2, plus
+  // the MLP's share of the forward FLOPs (6 h ffn of them) when the MLP is
+  // recomputed in the backward pass.
+  double BackwardLinearFactor() const { return backward_linear_factor_; }
+  // Share of a pass's linear time that runs before core attention: forward,
+  // the QKV projection (PreAttentionShare); backward, the O projection and
+  // MLP backward (and the MLP's recomputation).
+  double BeforeAttentionShare(bool backward) const {
+    return backward ? 1.0 - kBackwardLinearFactor * pre_attention_share_ / backward_linear_factor_
+                    : pre_attention_share_;
+  }
   // LM head (2 h V FLOPs per token), forward; runs on the last stage only.
   double HeadForward(double tokens) const { return tokens * head_flops_per_token_ / linear_rate_; }
   // Core attention of query rows [q_begin, q_end) with KV [0, q_end), forward:
@@ -61,6 +76,11 @@ class RankCosts {
   // (fp32); backward Q + dO + LSE + delta (fp32) + K/V against dQ + partial
   // dK/dV (fp32).
   double DispatchShare(bool backward) const { return backward ? dispatch_share_bwd_ : dispatch_share_fwd_; }
+  // Share of CAD's per-layer bytes (forward + backward) that the largest of
+  // its four all-to-alls (forward dispatch and return, backward dispatch and
+  // return) carries, per moved query row with one K/V row: the backward
+  // dispatch, 0.36 for Llama-3-8B.
+  double LargestExchangeShare() const { return largest_exchange_share_; }
   // Backward / forward time of core attention (the profile's).
   double AttentionBackwardFactor() const { return hw_.attention_backward_factor; }
   int tp() const { return tp_; }
@@ -69,9 +89,9 @@ class RankCosts {
   HardwareProfile hw_;
   int tp_;
   double linear_rate_, attention_peak_;  // FLOP/s of the rank
-  double linear_flops_per_token_, head_flops_per_token_, attention_flops_per_pair_;
+  double linear_flops_per_token_, head_flops_per_token_, attention_flops_per_pair_, backward_linear_factor_;
   double kv_bytes_per_token_, hidden_bytes_per_token_, activation_bytes_per_token_;
-  double pre_attention_share_, dispatch_share_fwd_, dispatch_share_bwd_;
+  double pre_attention_share_, dispatch_share_fwd_, dispatch_share_bwd_, largest_exchange_share_;
 };
 
 // Memory of one rank, in bytes per device (docs/simulator.md, "Memory").

@@ -24,37 +24,50 @@ std::string GridPoint::Label() const { return fmt::format("{} {}K {}", ShortMode
 Status PaperGrid(std::string_view dims, std::vector<GridPoint>* points, const GridRecipe& recipe) {
   if (dims != "3d" && dims != "4d")
     return Status::InvalidArgument(fmt::format("unknown paper grid '{}' (expected 3d or 4d)", dims));
-  if (recipe.elongate_base <= 0 || recipe.tokens_per_rank < 0)
-    return Status::InvalidArgument("grid recipe: elongate base must be positive and tokens per rank >= 0");
+  if (recipe.elongate_base <= 0 || recipe.micro_batches < 0)
+    return Status::InvalidArgument("grid recipe: elongate base must be positive and micro-batches >= 0");
   const bool with_pp = dims == "4d";
-  points->clear();
-  struct ModelRow {
+  // The paper's Table 3 (3D) and Table 4 (4D): per model and maximum
+  // document length, the batch size (chunks of L tokens per iteration) at
+  // each GPU count.
+  struct Row {
     const char* preset;
-    int pp;
-    std::vector<int64_t> lengths;
+    int64_t length;
+    std::vector<std::pair<int, int>> gpus_batch;
   };
-  const ModelRow rows[] = {
-      {"llama3-8b", with_pp ? 2 : 1, {128 * kK, 256 * kK, 512 * kK}},
-      {"llama-34b", with_pp ? 4 : 1, {128 * kK, 256 * kK, with_pp ? 384 * kK : 512 * kK}},
+  const std::vector<Row> table3 = {
+      {"llama3-8b", 128 * kK, {{64, 8}, {128, 16}, {256, 32}}},
+      {"llama3-8b", 256 * kK, {{64, 4}, {128, 8}, {256, 16}}},
+      {"llama3-8b", 512 * kK, {{64, 2}, {128, 4}, {256, 8}}},
+      {"llama-34b", 128 * kK, {{64, 4}, {128, 8}, {256, 16}}},
+      {"llama-34b", 256 * kK, {{64, 2}, {128, 4}, {256, 8}}},
+      {"llama-34b", 512 * kK, {{64, 2}, {128, 4}, {256, 8}}},
   };
-  for (const ModelRow& row : rows) {
-    for (int64_t L : row.lengths) {
-      for (int gpus : {64, 128, 256, 512}) {
-        GridPoint p;
-        p.model = row.preset;
-        p.gpus = gpus;
-        p.tp = 8;
-        p.pp = row.pp;
-        p.max_doc_len = L;
-        const int64_t ranks = gpus / (p.tp * row.pp);
-        // Two chunks per rank and pipeline stage (m = 2 pp), or a fixed
-        // number of tokens per rank and stage.
-        p.batch_size = recipe.tokens_per_rank == 0
-                           ? int(2 * row.pp * ranks)
-                           : int(std::max<int64_t>(1, row.pp * ranks * recipe.tokens_per_rank / L));
-        p.elongate = double(L) / double(recipe.elongate_base);
-        points->push_back(p);
-      }
+  const std::vector<Row> table4 = {
+      {"llama3-8b", 128 * kK, {{64, 32}, {128, 64}, {256, 128}}},
+      {"llama3-8b", 256 * kK, {{64, 16}, {128, 32}, {256, 32}}},
+      {"llama3-8b", 512 * kK, {{64, 8}, {128, 8}, {256, 16}}},
+      {"llama-34b", 128 * kK, {{128, 32}, {256, 64}, {512, 128}}},
+      {"llama-34b", 256 * kK, {{128, 16}, {256, 32}, {512, 32}}},
+      {"llama-34b", 384 * kK, {{128, 8}, {256, 8}, {512, 16}}},
+  };
+  points->clear();
+  for (const Row& row : with_pp ? table4 : table3) {
+    for (const auto& [gpus, batch] : row.gpus_batch) {
+      GridPoint p;
+      p.model = row.preset;
+      p.gpus = gpus;
+      p.tp = 8;
+      // The artifact's 4D configurations use two stages (the paper grid-
+      // searches PP to avoid running out of memory).
+      p.pp = with_pp ? 2 : 1;
+      p.max_doc_len = row.length;
+      p.batch_size = batch;
+      p.elongate = double(row.length) / double(recipe.elongate_base);
+      p.micro_batches = recipe.micro_batches > 0 ? recipe.micro_batches : (with_pp ? 8 : 1);
+      // The artifact recomputes the MLP from 256K on.
+      p.recompute_mlp = row.length >= 256 * kK;
+      points->push_back(p);
     }
   }
   return Status::Ok();

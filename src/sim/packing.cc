@@ -61,6 +61,37 @@ std::vector<std::vector<int64_t>> WlbPack(const std::vector<int64_t>& docs, int 
   return out;
 }
 
+std::vector<std::vector<int64_t>> WlbBalance(const std::vector<int64_t>& docs, int bins, int64_t cap,
+                                             double breakpoint) {
+  auto workload = [&](int64_t len) {
+    const double x = double(len) / breakpoint;
+    return x * x + x;
+  };
+  std::vector<int64_t> sorted = docs;
+  std::stable_sort(sorted.begin(), sorted.end(), std::greater<>());
+  std::vector<std::vector<int64_t>> out(bins);
+  std::vector<double> load(bins, 0.0);
+  std::vector<int64_t> tokens(bins, 0);
+  auto put = [&](int b, int64_t len) {
+    out[b].push_back(len);
+    load[b] += workload(len);
+    tokens[b] += len;
+  };
+  std::vector<int64_t> set_aside;
+  for (int64_t len : sorted) {
+    const int lightest = int(std::min_element(load.begin(), load.end()) - load.begin());
+    const int emptiest = int(std::min_element(tokens.begin(), tokens.end()) - tokens.begin());
+    if (tokens[lightest] + len <= cap)
+      put(lightest, len);
+    else if (tokens[emptiest] + len <= cap)
+      put(emptiest, len);
+    else
+      set_aside.push_back(len);
+  }
+  for (int64_t len : set_aside) put(int(std::min_element(load.begin(), load.end()) - load.begin()), len);
+  return out;
+}
+
 std::vector<std::vector<int>> AssignLpt(const std::vector<double>& times, int replicas) {
   std::vector<int> order(times.size());
   std::iota(order.begin(), order.end(), 0);

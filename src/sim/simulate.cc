@@ -104,7 +104,7 @@ SimResult Summarize(const SimOptions& o, SimStrategy id, int cp, const std::vect
 
 namespace sim {
 
-SimContext::SimContext(const SimOptions& o) : options(o), costs(o.model, o.hardware, o.tp) {
+SimContext::SimContext(const SimOptions& o) : options(o), costs(o.model, o.hardware, o.tp, o.recompute_mlp) {
   stage_ranks = o.gpus / (o.tp * o.pp);
   stage_layers = o.model.num_layers / o.pp;
   stage_params = double(ParameterCount(o.model)) / o.pp;
@@ -114,8 +114,15 @@ SimContext::SimContext(const SimOptions& o) : options(o), costs(o.model, o.hardw
 
 int SimContext::MicroBatchesPerReplica(int c) const {
   if (c <= 0 || stage_ranks % c != 0) return 0;
+  if (options.micro_batches > 0) return options.micro_batches;
   const int replicas = stage_ranks / c;
   return options.batch_size % replicas == 0 ? options.batch_size / replicas : 0;
+}
+
+double SimContext::CadRankTokens(int c) const {
+  if (options.micro_batches > 0)
+    return double(options.batch_size) * double(options.max_doc_len) / (double(options.micro_batches) * stage_ranks);
+  return double(options.max_doc_len) / c;
 }
 
 }  // namespace sim
@@ -164,7 +171,13 @@ Status ValidateSimOptions(const SimOptions& o) {
     return Status::InvalidArgument(fmt::format("batch size must be positive, got {} chunks", o.batch_size));
   if (o.cp < 0 || (o.cp > 0 && G % o.cp != 0))
     return Status::InvalidArgument(fmt::format("cp ({}) must divide the {} ranks per stage", o.cp, G));
-  if (o.cp > 0 && o.batch_size % (G / o.cp) != 0)
+  if (o.micro_batches < 0) return Status::InvalidArgument("micro-batches must be >= 0");
+  if (o.micro_batches > 0 && int64_t{o.batch_size} * o.max_doc_len < int64_t{o.micro_batches} * G)
+    return Status::InvalidArgument(
+        fmt::format("{} micro-batches over {} ranks per stage leave less than one token per rank of the batch's {} "
+                    "(batch size {} x max_doc_len {})",
+                    o.micro_batches, G, int64_t{o.batch_size} * o.max_doc_len, o.batch_size, o.max_doc_len));
+  if (o.micro_batches == 0 && o.cp > 0 && o.batch_size % (G / o.cp) != 0)
     return Status::InvalidArgument(
         fmt::format("batch size ({} chunks) is not a multiple of the {} data-parallel replicas at cp {} (G / cp = {} / "
                     "{}): every replica runs the same number of micro-batches",
@@ -206,6 +219,10 @@ Status Simulate(const SimOptions& options, const std::vector<std::vector<int64_t
                           e.name, ctx.stage_ranks, options.batch_size));
         break;
       case CpChoice::kMinFit: {
+        if (options.micro_batches > 0) {  // ranks hold B L / (m G) tokens whatever c
+          cps = {1};
+          break;
+        }
         if (degrees.empty())
           return Status::InvalidArgument(
               fmt::format("{}: no c (a power of two dividing the {} ranks per stage) makes the batch size ({} chunks) "
@@ -234,8 +251,10 @@ Status Simulate(const SimOptions& options, const std::vector<std::vector<int64_t
         break;
     }
     // Baselines: the fastest degree whose memory fits; CAD: the first degree
-    // (smallest) whose memory fits. If none fits, the largest one, flagged
-    // by memory_fits = false.
+    // (smallest) whose memory fits. If none fits, the one needing the least
+    // memory (the fastest among those within 1% of it: with micro_batches
+    // set, the degree barely changes the memory), flagged by memory_fits =
+    // false.
     SimResult best;
     bool have = false;
     for (int cp : cps) {
@@ -245,10 +264,13 @@ Status Simulate(const SimOptions& options, const std::vector<std::vector<int64_t
       for (int b = 0; b < n; ++b) status[b] = e.run(ctx, batches[b], cp, &outcomes[b]);
       for (int b = 0; b < n; ++b)
         if (!status[b].ok()) return status[b].WithContext(fmt::format("{}, batch {}", e.name, b));
-      SimResult r = Summarize(options, id, cp, outcomes);
+      SimResult r = Summarize(options, id, e.cp == CpChoice::kMinFit && options.micro_batches > 0 ? 0 : cp, outcomes);
+      const bool faster = r.iteration_s < best.iteration_s;
       const bool better =
-          !have || (r.memory_fits && !best.memory_fits) ||
-          (r.memory_fits == best.memory_fits && (r.memory_fits ? r.iteration_s < best.iteration_s : r.cp > best.cp));
+          !have || (r.memory_fits && !best.memory_fits) || (r.memory_fits && best.memory_fits && faster) ||
+          (!r.memory_fits && !best.memory_fits &&
+           (r.memory_max_bytes < 0.99 * best.memory_max_bytes ||
+            (r.memory_max_bytes <= 1.01 * best.memory_max_bytes && faster)));
       if (better) best = std::move(r);
       have = true;
       if (e.cp == CpChoice::kMinFit && best.memory_fits) break;

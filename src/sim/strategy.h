@@ -27,10 +27,14 @@ struct SimContext {
   bool pipeline_inter_node = false;
   // A CP group of c ranks spans nodes.
   bool CpInterNode(int c) const { return int64_t{c} * options.tp > options.hardware.gpus_per_node; }
-  // Chunks (micro-batches) each of the G / c data-parallel replicas runs at
-  // CP degree c, B c / G; for CAD the waves of G / c chunks. 0 when c does
-  // not divide G or G / c does not divide B.
+  // Micro-batches each of the G / c data-parallel replicas runs at CP degree
+  // c: chunks B c / G (CAD: waves of G / c chunks), or options.micro_batches
+  // when set. 0 when c does not divide G or, with chunk micro-batches, G / c
+  // does not divide B.
   int MicroBatchesPerReplica(int c) const;
+  // CAD: tokens a rank holds per wave, nominal: L / c with chunk
+  // micro-batches, B L / (m G) with options.micro_batches = m.
+  double CadRankTokens(int c) const;
   // Micro-batches whose activations stage 0 holds at once in 1F1B (and in
   // the aligned schedule): min(pp, m).
   int InFlight(int m) const { return m < options.pp ? m : options.pp; }
@@ -118,6 +122,17 @@ std::vector<std::vector<int64_t>> SplitIntoWaves(const std::vector<int64_t>& doc
 // with room for it under `cap` tokens (the bin with the fewest tokens when
 // none has room). Returns `bins` lists of lengths.
 std::vector<std::vector<int64_t>> WlbPack(const std::vector<int64_t>& docs, int bins, int64_t chunk, int64_t cap);
+
+// The DistCA artifact's WLB-LLM balancer (d2/planner/wlb_planner.py,
+// balance_data_for_wlbllm, run with alpha_factor 1): documents by length,
+// longest first, each into the bin of least workload sum((l/bp)^2 + l/bp)
+// if it fits under `cap` tokens, else into the bin with the fewest tokens if
+// it fits there, else set aside; the set-aside documents then go to the bin
+// of least workload regardless of the cap. Ties: the lowest bin index.
+// `breakpoint` is the length at which a document's attention costs as much
+// as its linear layers (WLB-LLM's cost model).
+std::vector<std::vector<int64_t>> WlbBalance(const std::vector<int64_t>& docs, int bins, int64_t cap,
+                                             double breakpoint);
 
 // Longest-processing-time-first with equal counts: items by time descending,
 // each to the replica with the smallest total so far among those holding

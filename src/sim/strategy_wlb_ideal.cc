@@ -1,24 +1,59 @@
 // wlb-ideal (the paper's baseline, after WLB-LLM): variable-length packing of
-// whole documents into B micro-batches of nominal L tokens (hard cap 2 L)
-// balancing the WLB cost; each micro-batch is spread over a CP group of c
-// ranks with per-document context parallelism (head/tail shards); the
-// micro-batches go to the d = G / c data-parallel replicas, B / d each, by
-// longest-processing-time-first on their simulated time ("ideal": exact
-// knowledge); 1F1B. The memory check (Simulate's CP sweep) sees the largest
-// micro-batch.
+// whole documents, per-document context parallelism (head/tail shards) over
+// CP groups of c ranks, d = G / c data-parallel replicas, 1F1B. Two ways to
+// form micro-batches (SimOptions::micro_batches):
+// - chunk micro-batches (0): B micro-batches of nominal L tokens (hard cap
+//   2 L) balancing the WLB cost, assigned to the replicas by
+//   longest-processing-time-first on their simulated time ("ideal": exact
+//   knowledge), B / d each;
+// - m per replica (the DistCA artifact's runs): the batch's documents, in
+//   order, form m groups of about B L / m tokens (one per micro-batch, as
+//   the artifact draws each micro-batch's chunks from its loader), and each
+//   group is repacked into d bins of at most its tokens / d by the
+//   artifact's balancer (WlbBalance); bin r goes to replica r. With
+//   wlb_whole_batch, the whole batch is repacked at once into d m bins of at
+//   most B L / (d m) tokens, bin i to replica i mod d. Its workload breakpoint is where a document's attention FLOPs equal
+//   its linear FLOPs, l = linear FLOPs per token / (2 D Hq): 53K tokens for
+//   Llama-3-8B, 84K for Llama-34B (the artifact's scripts set 64000 and
+//   131072 by hand).
+// The memory check (Simulate's CP sweep) sees the largest micro-batch.
 #include "sim/strategy.h"
 
 namespace distca::sim {
 
 Status SimulateWlbIdeal(const SimContext& ctx, const std::vector<int64_t>& batch, int cp, BatchOutcome* out) {
-  const int64_t L = ctx.options.max_doc_len;
-  const std::vector<std::vector<int64_t>> micro_batches = WlbPack(batch, ctx.options.batch_size, L, 2 * L);
+  const SimOptions& o = ctx.options;
+  const int64_t L = o.max_doc_len;
+  const int replicas = ctx.stage_ranks / cp;
+  if (o.micro_batches > 0) {
+    const int m = o.micro_batches;
+    const int64_t total = int64_t{o.batch_size} * L;
+    const double breakpoint = ctx.costs.LinearFlopsPerToken() / (2.0 * o.model.head_dim() * o.model.q_heads);
+    const std::vector<std::vector<int64_t>> groups =
+        o.wlb_whole_batch ? std::vector<std::vector<int64_t>>{batch} : SplitIntoWaves(batch, m, (total + m - 1) / m);
+    const int bins_per_group = o.wlb_whole_batch ? replicas * m : replicas;
+    std::vector<std::vector<int64_t>> micro_batches;
+    std::vector<std::vector<int>> assignment(replicas);
+    for (const std::vector<int64_t>& group : groups) {
+      int64_t tokens = 0;
+      for (int64_t len : group) tokens += len;
+      std::vector<std::vector<int64_t>> bins =
+          WlbBalance(group, bins_per_group, (tokens + bins_per_group - 1) / bins_per_group, breakpoint);
+      for (int i = 0; i < bins_per_group; ++i) {
+        if (bins[i].empty()) continue;
+        assignment[i % replicas].push_back(int(micro_batches.size()));
+        micro_batches.push_back(std::move(bins[i]));
+      }
+    }
+    return RunContextParallel(ctx, micro_batches, assignment, cp, out);
+  }
+  const std::vector<std::vector<int64_t>> micro_batches = WlbPack(batch, o.batch_size, L, 2 * L);
   std::vector<double> seconds;
   for (const auto& mb : micro_batches) {
     const CpStageCost c = CostCpMicroBatch(ctx, mb, cp);
     seconds.push_back(c.forward + c.backward);
   }
-  return RunContextParallel(ctx, micro_batches, AssignLpt(seconds, ctx.stage_ranks / cp), cp, out);
+  return RunContextParallel(ctx, micro_batches, AssignLpt(seconds, replicas), cp, out);
 }
 
 }  // namespace distca::sim

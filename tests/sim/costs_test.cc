@@ -117,6 +117,26 @@ TEST(RankCostsTest, PhaseShares) {
   EXPECT_DOUBLE_EQ(k.DispatchShare(false), 256.0 / 400);
   // Backward: (2 * 128 + 2 * 16 + 128) / (416 + 128 + 256) = 0.52.
   EXPECT_DOUBLE_EQ(k.DispatchShare(true), 416.0 / 800);
+  // The largest of the four exchanges, the backward dispatch: 416 of
+  // 256 + 144 + 416 + 384 bytes.
+  EXPECT_DOUBLE_EQ(k.LargestExchangeShare(), 416.0 / 1200);
+  // Without recomputation the backward runs O projection + MLP (7/9 of the
+  // FLOPs) before attention.
+  EXPECT_DOUBLE_EQ(k.BackwardLinearFactor(), 2.0);
+  EXPECT_DOUBLE_EQ(k.BeforeAttentionShare(false), 2.0 / 9);
+  EXPECT_DOUBLE_EQ(k.BeforeAttentionShare(true), 7.0 / 9);
+}
+
+TEST(RankCostsTest, MlpRecomputation) {
+  const RankCosts k(TestModel(), TestProfile(), 2, /*recompute_mlp=*/true);
+  // The MLP is 6 * 64 * 128 = 49152 of the 73728 forward FLOPs per token;
+  // the backward reruns it: 2 + 2/3.
+  EXPECT_DOUBLE_EQ(k.BackwardLinearFactor(), 2.0 + 2.0 / 3);
+  EXPECT_DOUBLE_EQ(k.ActivationBytesPerToken(), 17.0 * 64);  // 34 - 19 + 2 h bytes
+  // After attention only the QKV projection's backward, 2 x 2/9 of the
+  // forward time, remains.
+  EXPECT_NEAR(k.BeforeAttentionShare(true), 1.0 - (4.0 / 9) / (8.0 / 3), 1e-15);
+  EXPECT_DOUBLE_EQ(k.LinearForward(1000), RankCosts(TestModel(), TestProfile(), 2).LinearForward(1000));
 }
 
 TEST(RankCostsTest, AllToAllRingAndPointToPoint) {

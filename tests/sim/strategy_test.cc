@@ -6,6 +6,7 @@
 
 #include "distca/plan.h"
 #include "sim/costs.h"
+#include "sim/strategy.h"
 #include "sim_test_util.h"
 
 namespace distca {
@@ -128,6 +129,85 @@ TEST(WlbIdealTest, PacksWholeDocumentsAndWaitsForTheSlowestReplica) {
   const SimResult r = SimulateOne(o, {{1024, 512, 512}}, SimStrategy::kWlbIdeal);
   EXPECT_NEAR(r.iteration_s, slow, slow * kRel);
   EXPECT_NEAR(r.idle_fraction, (slow - fast) / slow / 2, 1e-12);
+}
+
+TEST(WlbBalanceTest, LightestBinThenEmptiestThenSetAside) {
+  // Breakpoint 1000: workload x^2 + x, x = l / 1000; cap 1000.
+  // 600 -> bin 0 (0.96); 500 -> bin 1 (0.75); 400 -> bin 1 (900 tokens,
+  // 1.31); 300 -> bin 0 (900, 1.35); 200 fits in neither (1100 > 1000) and
+  // is set aside, then goes to the lighter bin 1.
+  auto bins = sim::WlbBalance({300, 600, 200, 500, 400}, 2, 1000, 1000.0);
+  ASSERT_EQ(bins.size(), 2u);
+  EXPECT_EQ(bins[0], (std::vector<int64_t>{600, 300}));
+  EXPECT_EQ(bins[1], (std::vector<int64_t>{500, 400, 200}));
+  // Breakpoint 100 (quadratic dominates): 500 -> bin 0 (30); six 150s ->
+  // bin 1 (900 tokens, 22.5); 120 no longer fits the lighter bin 1 and goes
+  // to the emptier bin 0.
+  bins = sim::WlbBalance({150, 150, 500, 150, 150, 120, 150, 150}, 2, 1000, 100.0);
+  EXPECT_EQ(bins[0], (std::vector<int64_t>{500, 120}));
+  EXPECT_EQ(bins[1], (std::vector<int64_t>(6, 150)));
+}
+
+// Seconds of one micro-batch on one rank, pp 1, 2 layers: `tokens` of linear
+// work and forward attention `ca`.
+double MicroBatch(const sim::RankCosts& k, double tokens, double ca, double ag = 0) {
+  return 2 * (k.LinearForward(tokens) + ca + ag) + k.HeadForward(tokens) +
+         2 * (2 * k.LinearForward(tokens) + 2.5 * ca + ag) + 2 * k.HeadForward(tokens);
+}
+
+TEST(WlbIdealTest, ArtifactMicroBatchesRebalanceEachMicroBatchOverTheReplicas) {
+  SimOptions o = TestOptions();
+  o.cp = 1;
+  o.micro_batches = 1;
+  const sim::RankCosts k(o.model, o.hardware, o.tp);
+  // One micro-batch per replica: {1024, 512, 512} into 2 bins of 1024
+  // tokens: {1024} and {512, 512}, as the chunk packing does.
+  const double slow = MicroBatch(k, 1024, k.AttentionForward(0, 1024));
+  SimResult r = SimulateOne(o, {{1024, 512, 512}}, SimStrategy::kWlbIdeal);
+  EXPECT_NEAR(r.iteration_s, slow, slow * kRel);
+  // Two micro-batches per replica: the documents form two groups of 1024
+  // tokens ({1024} and {512, 512}), each balanced over the 2 replicas:
+  // replica 0 runs {1024} then {512}, replica 1 only {512}.
+  o.micro_batches = 2;
+  const double small = MicroBatch(k, 512, k.AttentionForward(0, 512));
+  r = SimulateOne(o, {{1024, 512, 512}}, SimStrategy::kWlbIdeal);
+  EXPECT_NEAR(r.iteration_s, slow + small, (slow + small) * kRel);
+  EXPECT_NEAR(r.idle_fraction, slow / (slow + small) / 2, 1e-12);
+  // Balancing the whole batch at once over the 4 bins of 512 tokens puts the
+  // 1024 document aside and then into an empty bin: the same split here.
+  o.wlb_whole_batch = true;
+  r = SimulateOne(o, {{1024, 512, 512}}, SimStrategy::kWlbIdeal);
+  EXPECT_NEAR(r.iteration_s, slow + small, (slow + small) * kRel);
+}
+
+TEST(MegatronTest, ArtifactMicroBatchesJoinAReplicasChunks) {
+  SimOptions o = TestOptions();
+  o.cp = 2;
+  o.micro_batches = 1;
+  const sim::RankCosts k(o.model, o.hardware, o.tp);
+  // One replica, one micro-batch of both chunks (2048 tokens, 1024 per
+  // rank); each document's pairs halve on 256-row shards; the ring gathers
+  // the K/V of 2048 tokens.
+  const double ag = 1e-5 + 2048.0 * 128 / 2 / (2 * 10e9);
+  const double want = MicroBatch(k, 1024, 2 * k.AttentionForwardCp(1024, 2), ag);
+  const SimResult r = SimulateOne(o, {{1024, 1024}}, SimStrategy::kMegatron);
+  EXPECT_NEAR(r.iteration_s, want, want * kRel);
+}
+
+TEST(CadTest, ArtifactMicroBatchesHoldTheWholeBatch) {
+  SimOptions o = TestOptions();
+  const SimResult chunks = SimulateOne(o, {{1024, 512, 512}}, SimStrategy::kDistca);
+  // m = 1: one wave of B L / G = 1024 tokens per rank, as chunk mode at c 1.
+  o.micro_batches = 1;
+  const SimResult whole = SimulateOne(o, {{1024, 512, 512}}, SimStrategy::kDistca);
+  EXPECT_DOUBLE_EQ(whole.iteration_s, chunks.iteration_s);
+  EXPECT_EQ(chunks.cp, 1);
+  EXPECT_EQ(whole.cp, 0);  // no c_min: the ranks hold B L / (m G) tokens
+  // More micro-batches than tokens per rank is refused.
+  o.micro_batches = 2048;
+  std::vector<SimResult> results;
+  EXPECT_TRUE(Contains(Simulate(o, {{1024, 512, 512}}, {SimStrategy::kDistca}, &results),
+                       "leave less than one token per rank"));
 }
 
 TEST(CadTest, OneDocumentOneRankIsTheColocatedTime) {
@@ -375,37 +455,43 @@ TEST(SimulateTest, ParsesStrategyLists) {
 TEST(GridTest, PaperGridShapesAndCsv) {
   std::vector<GridPoint> points;
   ASSERT_TRUE(PaperGrid("3d", &points).ok());
-  EXPECT_EQ(points.size(), 24u);  // 2 models x 3 lengths x 4 GPU counts
+  ASSERT_EQ(points.size(), 18u);  // the paper's Table 3: 2 models x 3 lengths x 3 GPU counts
   for (const GridPoint& p : points) {
     EXPECT_EQ(p.pp, 1);
-    EXPECT_EQ(p.batch_size, 2 * p.gpus / p.tp);  // m = 2
+    EXPECT_EQ(p.tp, 8);
+    EXPECT_EQ(p.micro_batches, 1);
+    EXPECT_EQ(p.recompute_mlp, p.max_doc_len >= 256 * 1024);
+    EXPECT_DOUBLE_EQ(p.elongate, double(p.max_doc_len) / (64 * 1024));
   }
+  // Llama-3-8B: 1M tokens per 64 GPUs at every length.
+  for (int i = 0; i < 9; ++i)
+    EXPECT_EQ(int64_t{points[i].batch_size} * points[i].max_doc_len, int64_t{points[i].gpus} / 64 * (1 << 20));
+  EXPECT_EQ(points[0].Label(), "8B 128K 64");
+  EXPECT_EQ(points[17].Label(), "34B 512K 256");
+  EXPECT_EQ(points[17].batch_size, 8);
   ASSERT_TRUE(PaperGrid("4d", &points).ok());
-  EXPECT_EQ(points.size(), 24u);
+  ASSERT_EQ(points.size(), 18u);  // Table 4
   for (const GridPoint& p : points) {
-    EXPECT_EQ(p.pp, p.model == "llama3-8b" ? 2 : 4);
-    EXPECT_EQ(p.batch_size / (p.gpus / (p.tp * p.pp)), 2 * p.pp);  // m = 2 pp
+    EXPECT_EQ(p.pp, 2);
+    EXPECT_EQ(p.micro_batches, 8);
     if (p.model == "llama-34b") {
       EXPECT_LE(p.max_doc_len, 384 * 1024);
+      EXPECT_GE(p.gpus, 128);
     }
-    EXPECT_DOUBLE_EQ(p.elongate, double(p.max_doc_len) / (128 * 1024));
   }
-  EXPECT_EQ(points[0].Label(), "8B 128K 64");
+  EXPECT_EQ(points[5].Label(), "8B 256K 256");
+  EXPECT_EQ(points[5].batch_size, 32);
   EXPECT_FALSE(PaperGrid("5d", &points).ok());
-  // The DistCA artifact's recipe: elongate L / 64K, 256K tokens per rank and
-  // stage per iteration (8B 512K on 64 GPUs: 8 ranks, 4 chunks).
-  GridRecipe artifact;
-  artifact.elongate_base = 64 * 1024;
-  artifact.tokens_per_rank = 256 * 1024;
-  ASSERT_TRUE(PaperGrid("3d", &points, artifact).ok());
+  GridRecipe recipe;
+  recipe.elongate_base = 128 * 1024;
+  recipe.micro_batches = 2;
+  ASSERT_TRUE(PaperGrid("3d", &points, recipe).ok());
   for (const GridPoint& p : points) {
-    EXPECT_DOUBLE_EQ(p.elongate, double(p.max_doc_len) / (64 * 1024));
-    EXPECT_EQ(p.batch_size, int(int64_t{p.gpus / p.tp} * 256 * 1024 / p.max_doc_len));
+    EXPECT_DOUBLE_EQ(p.elongate, double(p.max_doc_len) / (128 * 1024));
+    EXPECT_EQ(p.micro_batches, 2);
   }
-  EXPECT_EQ(points[8].Label(), "8B 512K 64");
-  EXPECT_EQ(points[8].batch_size, 4);
-  artifact.elongate_base = 0;
-  EXPECT_FALSE(PaperGrid("3d", &points, artifact).ok());
+  recipe.elongate_base = 0;
+  EXPECT_FALSE(PaperGrid("3d", &points, recipe).ok());
 
   const std::string header = GridCsvHeader();
   SimResult r;
