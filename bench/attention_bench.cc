@@ -176,14 +176,14 @@ bool WriteAttentionCostTable(const AttentionBenchOptions& o, std::string* error)
   const double min_seconds = o.min_seconds > 0 ? o.min_seconds : (o.short_mode ? 0.02 : 0.2);
   std::string csv = fmt::format(
       "# distca-bench attention --table-out: seconds per task, forward + backward, "
-      "kernel {}, {} q heads, {} kv heads, head_dim 128, 1 thread\nq_len,kv_len,seconds\n",
-      AttentionKernelName(kernel), o.q_heads, o.kv_heads);
+      "kernel {}, {} q heads, {} kv heads, head_dim {}, 1 thread\nq_len,kv_len,seconds\n",
+      AttentionKernelName(kernel), o.q_heads, o.kv_heads, o.head_dim);
   for (int64_t q : q_lens) {
     for (int64_t kv : kv_lens) {
       if (kv < q) continue;
       // Enough identical tasks (sharing one K/V prefix) for a measurable call.
       Workload w;
-      w.shape = {.total_q = 0, .total_k = kv, .q_heads = o.q_heads, .kv_heads = o.kv_heads, .head_dim = 128};
+      w.shape = {.total_q = 0, .total_k = kv, .q_heads = o.q_heads, .kv_heads = o.kv_heads, .head_dim = o.head_dim};
       const int64_t tasks =
           std::max<int64_t>(1, (int64_t{1} << 22) / AttentionPairs(std::vector<AttentionTask>{{0, q, 0, kv}}, true));
       for (int64_t t = 0; t < tasks; ++t) w.tasks.push_back({t * q, q, 0, kv});
@@ -209,7 +209,8 @@ bool WriteAttentionCostTable(const AttentionBenchOptions& o, std::string* error)
     *error = s.ToString();
     return false;
   }
-  fmt::print("wrote {} ({} heads x {}, kernel {})\n", o.table_out, o.q_heads, o.kv_heads, AttentionKernelName(kernel));
+  fmt::print("wrote {} ({} heads x {} of {}, kernel {})\n", o.table_out, o.q_heads, o.kv_heads, o.head_dim,
+             AttentionKernelName(kernel));
   return true;
 }
 

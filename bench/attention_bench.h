@@ -21,6 +21,7 @@ struct AttentionBenchOptions {
   std::string table_out;
   int q_heads = 8;   // Default: 8 (table mode)
   int kv_heads = 2;  // Default: 2 (table mode)
+  int head_dim = 128;  // Default: 128 (table mode)
 };
 
 // Runs the benchmark and prints its results to stdout. Returns false, with a

@@ -32,6 +32,8 @@ int main(int argc, char** argv) {
       ->check(distca::cli::kPositive);
   attention->add_option("--kv-heads", attn.kv_heads, "KV heads in --table-out mode (Default: 2)")
       ->check(distca::cli::kPositive);
+  attention->add_option("--head-dim", attn.head_dim, "head dimension in --table-out mode (Default: 128)")
+      ->check(distca::cli::kPositive);
   attention->add_option("--min-seconds", attn.min_seconds, "minimum time per measurement (Default: by mode)")
       ->check(distca::cli::kNonNegative);
 

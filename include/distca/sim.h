@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -24,6 +25,18 @@
 #include "distca/status.h"
 
 namespace distca {
+
+// A measured core-attention cost table for one head shape (optional in a
+// profile): seconds per task, forward + backward, one device, as
+// `distca-bench attention --table-out` writes it (CSV q_len,kv_len,seconds).
+struct AttentionTable {
+  std::string file;  // as written in the profile; relative to the profile's directory
+  int q_heads = 0, kv_heads = 0, head_dim = 0;  // the shape it was measured for
+  // Multiplies the table's seconds: what the same kernel costs inside a
+  // training step (copies, synchronization) beyond the benchmark. Default: 1
+  double scale = 1.0;
+  std::string csv;  // the table's text; filled by LoadHardwareProfile
+};
 
 struct LinkProfile {
   double bandwidth = 0.0;  // bytes/s per device, each direction
@@ -43,6 +56,10 @@ struct HardwareProfile {
   // Backward / forward time of core attention (optional in the JSON).
   // Default: 2.5, the FLOP ratio (DESIGN.md section 3)
   double attention_backward_factor = 2.5;
+  // When set and the model's head shape matches, core attention is costed
+  // from this table (scaled) instead of the efficiency curve; the forward
+  // share of a task is 1 / (1 + attention_backward_factor).
+  std::optional<AttentionTable> attention_table;
   int dtype_bytes = 0;        // bytes per activation element
   double memory_bytes = 0.0;  // per device
   LinkProfile intra_node, inter_node;
@@ -51,7 +68,9 @@ struct HardwareProfile {
   double AttentionEfficiency(double q_len) const;
 };
 
-// Parses and validates a profile; errors name the field.
+// Parses and validates a profile; errors name the field. An attention table
+// is only named here (its csv stays empty); LoadHardwareProfile also reads
+// and checks the table file.
 Status ParseHardwareProfile(std::string_view json, HardwareProfile* profile);
 Status LoadHardwareProfile(const std::string& path, HardwareProfile* profile);
 

@@ -29,6 +29,11 @@ RankCosts::RankCosts(const ModelConfig& m, const HardwareProfile& hw, int tp, bo
   const double fwd_out = q_row + kv_row, fwd_back = q_row + stat;
   const double bwd_out = 2 * q_row + 2 * stat + kv_row, bwd_back = q_row + 2 * h_kv * 4.0;
   dispatch_share_fwd_ = fwd_out / (fwd_out + fwd_back);
+  if (hw.attention_table && !hw.attention_table->csv.empty() && hw.attention_table->q_heads == m.q_heads &&
+      hw.attention_table->kv_heads == m.kv_heads && hw.attention_table->head_dim == m.head_dim()) {
+    CostModel table;
+    if (CostModel::FromTableCsv(hw.attention_table->csv, &table).ok()) table_ = std::move(table);
+  }
   dispatch_share_bwd_ = bwd_out / (bwd_out + bwd_back);
   largest_exchange_share_ =
       std::max({fwd_out, fwd_back, bwd_out, bwd_back}) / (fwd_out + fwd_back + bwd_out + bwd_back);
@@ -36,12 +41,20 @@ RankCosts::RankCosts(const ModelConfig& m, const HardwareProfile& hw, int tp, bo
 
 double RankCosts::AttentionForward(int64_t q_begin, int64_t q_end) const {
   if (q_end <= q_begin) return 0.0;
+  if (table_)
+    return hw_.attention_table->scale * table_->TaskCost(q_begin, q_end) / (1.0 + hw_.attention_backward_factor) /
+           tp_;
   const double flops = attention_flops_per_pair_ * double(CausalPairs(q_begin, q_end));
   return flops / (attention_peak_ * hw_.AttentionEfficiency(double(q_end - q_begin)));
 }
 
 double RankCosts::AttentionForwardCp(int64_t length, int c) const {
   if (c <= 1) return AttentionForward(0, length);
+  if (table_) {
+    double total = 0;
+    for (int i = 0; i < 2 * c; ++i) total += AttentionForward(length * i / (2 * c), length * (i + 1) / (2 * c));
+    return total / c;
+  }
   const double flops = attention_flops_per_pair_ * double(CausalPairs(0, length)) / c;
   const double shard = std::max(1.0, double(length) / (2.0 * c));
   return flops / (attention_peak_ * hw_.AttentionEfficiency(shard));

@@ -4,7 +4,10 @@
 
 #include <cstdint>
 
+#include <optional>
+
 #include "distca/model.h"
+#include "distca/plan.h"
 #include "distca/sim.h"
 
 namespace distca::sim {
@@ -44,11 +47,16 @@ class RankCosts {
   // LM head (2 h V FLOPs per token), forward; runs on the last stage only.
   double HeadForward(double tokens) const { return tokens * head_flops_per_token_ / linear_rate_; }
   // Core attention of query rows [q_begin, q_end) with KV [0, q_end), forward:
-  // 4 * CausalPairs * D * Hq FLOPs at efficiency eff(q_end - q_begin).
+  // 4 * CausalPairs * D * Hq FLOPs at efficiency eff(q_end - q_begin), or,
+  // with a matching attention table, scale * table(q_len, kv_len = q_end) /
+  // (1 + attention_backward_factor) / tp.
   double AttentionForward(int64_t q_begin, int64_t q_end) const;
+  // Whether the measured table is in use.
+  bool measured_attention() const { return table_.has_value(); }
   // A document of `length` under context parallelism over c ranks (head/tail
   // or zig-zag: 2c shards of length / 2c, two per rank, each rank 1/c of the
-  // pairs; c = 1: the whole document as one task). Seconds on each rank.
+  // pairs; c = 1: the whole document as one task). Seconds on each rank
+  // (with a table: the 2c shards' total over c).
   double AttentionForwardCp(int64_t length, int c) const;
 
   // All-to-all of one rank: latency + max(sent, received) / (tp * bandwidth).
@@ -88,6 +96,9 @@ class RankCosts {
  private:
   HardwareProfile hw_;
   int tp_;
+  // The profile's measured attention table when it matches the model's
+  // head shape (else the efficiency curve is used).
+  std::optional<CostModel> table_;
   double linear_rate_, attention_peak_;  // FLOP/s of the rank
   double linear_flops_per_token_, head_flops_per_token_, attention_flops_per_pair_, backward_linear_factor_;
   double kv_bytes_per_token_, hidden_bytes_per_token_, activation_bytes_per_token_;

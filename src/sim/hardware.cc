@@ -2,9 +2,11 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "common/file_util.h"
+#include "distca/plan.h"
 #include "distca/sim.h"
 
 namespace distca {
@@ -71,6 +73,23 @@ Status Curve(const json& j, std::vector<std::pair<double, double>>* curve) {
   return Status::Ok();
 }
 
+Status Table(const json& j, std::optional<AttentionTable>* out) {
+  out->reset();
+  if (!j.contains("attention_table")) return Status::Ok();
+  const std::string where = "hardware profile: attention_table";
+  const json& t = j.at("attention_table");
+  if (!t.is_object() || !t.contains("file") || !t.at("file").is_string() || t.at("file").get<std::string>().empty())
+    return Status::InvalidArgument(where + " must be an object with a \"file\" name, q_heads, kv_heads, head_dim");
+  AttentionTable table;
+  table.file = t.at("file").get<std::string>();
+  DISTCA_RETURN_IF_ERROR(Integer(t, where, "q_heads", &table.q_heads));
+  DISTCA_RETURN_IF_ERROR(Integer(t, where, "kv_heads", &table.kv_heads));
+  DISTCA_RETURN_IF_ERROR(Integer(t, where, "head_dim", &table.head_dim));
+  if (t.contains("scale")) DISTCA_RETURN_IF_ERROR(Number(t, where, "scale", &table.scale));
+  *out = std::move(table);
+  return Status::Ok();
+}
+
 }  // namespace
 
 double HardwareProfile::AttentionEfficiency(double q_len) const {
@@ -106,6 +125,7 @@ Status ParseHardwareProfile(std::string_view text, HardwareProfile* profile) {
       return Status::InvalidArgument(fmt::format("{}: \"attention_backward_factor\" must be at least 1, got {}", where,
                                                  p.attention_backward_factor));
   }
+  DISTCA_RETURN_IF_ERROR(Table(j, &p.attention_table));
   DISTCA_RETURN_IF_ERROR(Integer(j, where, "dtype_bytes", &p.dtype_bytes));
   DISTCA_RETURN_IF_ERROR(Number(j, where, "memory_bytes", &p.memory_bytes));
   if (!j.contains("network") || !j.at("network").is_object())
@@ -119,7 +139,17 @@ Status ParseHardwareProfile(std::string_view text, HardwareProfile* profile) {
 Status LoadHardwareProfile(const std::string& path, HardwareProfile* profile) {
   std::string text;
   DISTCA_RETURN_IF_ERROR(ReadTextFile(path, &text));
-  return ParseHardwareProfile(text, profile).WithContext(path);
+  HardwareProfile p;
+  DISTCA_RETURN_IF_ERROR(ParseHardwareProfile(text, &p).WithContext(path));
+  if (p.attention_table) {
+    AttentionTable& t = *p.attention_table;
+    const std::filesystem::path file = std::filesystem::path(path).parent_path() / t.file;
+    DISTCA_RETURN_IF_ERROR(ReadTextFile(file.string(), &t.csv).WithContext(path + ": attention_table"));
+    CostModel check;
+    DISTCA_RETURN_IF_ERROR(CostModel::FromTableCsv(t.csv, &check).WithContext(file.string()));
+  }
+  *profile = std::move(p);
+  return Status::Ok();
 }
 
 }  // namespace distca

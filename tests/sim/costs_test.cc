@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 
+#include "common/file_util.h"
 #include "sim/costs.h"
 #include "sim_test_util.h"
 
@@ -39,7 +41,82 @@ TEST(HardwareProfileTest, ShippedProfilesLoad) {
     ASSERT_TRUE(s.ok()) << s.ToString();
     EXPECT_EQ(p.name, name);
     EXPECT_FALSE(p.source.empty());
+    if (std::string(name) == "cpu") {
+      // The CA engine's measured table, for distca-train's `small` shape.
+      ASSERT_TRUE(p.attention_table.has_value());
+      EXPECT_FALSE(p.attention_table->csv.empty());
+      ModelConfig small;
+      ASSERT_TRUE(ModelPreset("small", &small).ok());
+      EXPECT_TRUE(RankCosts(small, p, 1).measured_attention());
+      EXPECT_FALSE(RankCosts(TestModel(), p, 1).measured_attention());  // another head shape: the curve
+    }
   }
+}
+
+// A 2 x 2 table for the test model's heads (4 x 2 of 16), fwd + bwd seconds.
+constexpr const char* kTableCsv = "q_len,kv_len,seconds\n128,128,1e-3\n128,1024,4e-3\n1024,1024,2e-2\n";
+
+TEST(HardwareProfileTest, AttentionTableReplacesTheCurveForItsShape) {
+  HardwareProfile p = TestProfile();
+  p.attention_table = AttentionTable{"t.csv", 4, 2, 16, 1.5, kTableCsv};
+  const RankCosts k(TestModel(), p, 2);
+  ASSERT_TRUE(k.measured_attention());
+  // A whole 1024 document: the (1024, 1024) point, scaled, forward share
+  // 1 / (1 + 2.5), over tp 2.
+  EXPECT_NEAR(k.AttentionForward(0, 1024), 1.5 * 2e-2 / 3.5 / 2, kRel);
+  // 128 rows with a 1024 prefix: the (128, 1024) point.
+  EXPECT_NEAR(k.AttentionForward(896, 1024), 1.5 * 4e-3 / 3.5 / 2, kRel);
+  // CP 2 on a 1024 document: shards [0,256) [256,512) [512,768) [768,1024),
+  // two per rank: the shards' total over 2.
+  double total = 0;
+  for (int i = 0; i < 4; ++i) total += k.AttentionForward(256 * i, 256 * (i + 1));
+  EXPECT_NEAR(k.AttentionForwardCp(1024, 2), total / 2, kRel);
+  // Another head shape keeps the efficiency curve.
+  ModelConfig other = TestModel();
+  other.q_heads = 8;
+  other.hidden = 128;
+  EXPECT_FALSE(RankCosts(other, p, 2).measured_attention());
+}
+
+TEST(HardwareProfileTest, AttentionTableErrors) {
+  std::string good = sim_test::kTestProfileJson;
+  auto with_table = [&](const std::string& table) {
+    std::string s = good;
+    s.replace(s.find("\"dtype_bytes\""), 0, "\"attention_table\": " + table + ", ");
+    return s;
+  };
+  HardwareProfile p;
+  ASSERT_TRUE(ParseHardwareProfile(
+                  with_table(R"({"file": "t.csv", "q_heads": 4, "kv_heads": 2, "head_dim": 16, "scale": 2})"), &p)
+                  .ok());
+  ASSERT_TRUE(p.attention_table.has_value());
+  EXPECT_EQ(p.attention_table->file, "t.csv");
+  EXPECT_DOUBLE_EQ(p.attention_table->scale, 2.0);
+  EXPECT_TRUE(p.attention_table->csv.empty());  // only LoadHardwareProfile reads the file
+  EXPECT_TRUE(Contains(ParseHardwareProfile(with_table(R"({"q_heads": 4})"), &p), "must be an object with a \"file\""));
+  EXPECT_TRUE(Contains(
+      ParseHardwareProfile(with_table(R"({"file": "t.csv", "q_heads": 4, "kv_heads": 2, "head_dim": 0})"), &p),
+      "\"head_dim\" must be a positive integer"));
+  EXPECT_TRUE(Contains(ParseHardwareProfile(
+                           with_table(R"({"file": "t.csv", "q_heads": 4, "kv_heads": 2, "head_dim": 16, "scale": -1})"),
+                           &p),
+                       "\"scale\" must be positive"));
+
+  // Loading reads the table next to the profile and checks it.
+  const std::string dir = ::testing::TempDir() + "/distca_table_profile";
+  std::filesystem::create_directories(dir);
+  const std::string json = with_table(R"({"file": "t.csv", "q_heads": 4, "kv_heads": 2, "head_dim": 16})");
+  ASSERT_TRUE(WriteTextFile(dir + "/p.json", json).ok());
+  EXPECT_EQ(LoadHardwareProfile(dir + "/p.json", &p).code(), StatusCode::kIoError);  // no t.csv yet
+  ASSERT_TRUE(WriteTextFile(dir + "/t.csv", "q_len,kv_len,seconds\n128,64,1\n").ok());
+  EXPECT_TRUE(Contains(LoadHardwareProfile(dir + "/p.json", &p), "q_len <= kv_len"));
+  ASSERT_TRUE(WriteTextFile(dir + "/t.csv", kTableCsv).ok());
+  ASSERT_TRUE(LoadHardwareProfile(dir + "/p.json", &p).ok());
+  EXPECT_EQ(p.attention_table->csv, kTableCsv);
+  // A table named but never read is refused by the simulator.
+  SimOptions o = sim_test::TestOptions();
+  ASSERT_TRUE(ParseHardwareProfile(json, &o.hardware).ok());
+  EXPECT_TRUE(Contains(ValidateSimOptions(o), "names the attention table 't.csv' but it was not read"));
 }
 
 TEST(HardwareProfileTest, ErrorsNameTheField) {
