@@ -104,6 +104,7 @@ TEST(HardwareProfileTest, AttentionTableErrors) {
 
   // Loading reads the table next to the profile and checks it.
   const std::string dir = ::testing::TempDir() + "/distca_table_profile";
+  std::filesystem::remove_all(dir);  // a previous run's table must not count
   std::filesystem::create_directories(dir);
   const std::string json = with_table(R"({"file": "t.csv", "q_heads": 4, "kv_heads": 2, "head_dim": 16})");
   ASSERT_TRUE(WriteTextFile(dir + "/p.json", json).ok());
