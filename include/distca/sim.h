@@ -63,6 +63,10 @@ struct HardwareProfile {
   int dtype_bytes = 0;        // bytes per activation element
   double memory_bytes = 0.0;  // per device
   LinkProfile intra_node, inter_node;
+  // CAD's all-to-all across nodes when it differs from the link (optional
+  // network.all_to_all): an all-to-all among many nodes reaches less than a
+  // ring's point-to-point bandwidth.
+  std::optional<LinkProfile> all_to_all;
 
   // Fraction of peak core attention reaches on a task of q_len query rows.
   double AttentionEfficiency(double q_len) const;

@@ -61,7 +61,7 @@ double RankCosts::AttentionForwardCp(int64_t length, int c) const {
 }
 
 double RankCosts::AllToAll(double sent, double received, bool inter_node) const {
-  const LinkProfile& l = inter_node ? hw_.inter_node : hw_.intra_node;
+  const LinkProfile& l = inter_node ? (hw_.all_to_all ? *hw_.all_to_all : hw_.inter_node) : hw_.intra_node;
   return l.latency_s + std::max(sent, received) / (tp_ * l.bandwidth);
 }
 

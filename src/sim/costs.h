@@ -59,7 +59,8 @@ class RankCosts {
   // (with a table: the 2c shards' total over c).
   double AttentionForwardCp(int64_t length, int c) const;
 
-  // All-to-all of one rank: latency + max(sent, received) / (tp * bandwidth).
+  // All-to-all of one rank: latency + max(sent, received) / (tp * bandwidth),
+  // across nodes on the profile's all_to_all link when it has one.
   double AllToAll(double sent, double received, bool inter_node) const;
   // Ring all-gather (or reduce-scatter) over `ranks` ranks of total_bytes:
   // (ranks - 1) * latency + total_bytes * (ranks - 1) / ranks / (tp * bandwidth).

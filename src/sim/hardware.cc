@@ -132,6 +132,10 @@ Status ParseHardwareProfile(std::string_view text, HardwareProfile* profile) {
     return Status::InvalidArgument(where + ": \"network\" must be an object with intra_node and inter_node");
   DISTCA_RETURN_IF_ERROR(Link(j.at("network"), "intra_node", &p.intra_node));
   DISTCA_RETURN_IF_ERROR(Link(j.at("network"), "inter_node", &p.inter_node));
+  if (j.at("network").contains("all_to_all")) {
+    p.all_to_all.emplace();
+    DISTCA_RETURN_IF_ERROR(Link(j.at("network"), "all_to_all", &*p.all_to_all));
+  }
   *profile = std::move(p);
   return Status::Ok();
 }

@@ -158,6 +158,16 @@ TEST(HardwareProfileTest, ErrorsNameTheField) {
       ParseHardwareProfile(replace("\"dtype_bytes\": 2", "\"attention_backward_factor\": 0.5, \"dtype_bytes\": 2"), &p),
       "\"attention_backward_factor\" must be at least 1"));
   EXPECT_EQ(LoadHardwareProfile("/nonexistent/profile.json", &p).code(), StatusCode::kIoError);
+  // network.all_to_all is optional; when given, CAD's all-to-all across nodes uses it.
+  const std::string a2a = replace("\"inter_node\": {", "\"all_to_all\": {\"bandwidth\": 5e9, \"latency_s\": 2e-5}, \"inter_node\": {");
+  ASSERT_TRUE(ParseHardwareProfile(a2a, &p).ok());
+  ASSERT_TRUE(p.all_to_all.has_value());
+  const RankCosts k(TestModel(), p, 2);
+  EXPECT_NEAR(k.AllToAll(2e6, 1e6, true), 2e-5 + 2e6 / 1e10, kRel);
+  EXPECT_NEAR(k.AllToAll(2e6, 1e6, false), 1e-6 + 2e6 / 2e11, kRel);  // intra-node: the NVLink-like link
+  EXPECT_NEAR(k.Ring(2, 1e6, true), 1e-5 + 1e6 / 2 / 2e10, kRel);     // rings keep the inter-node link
+  EXPECT_TRUE(Contains(ParseHardwareProfile(replace("\"inter_node\": {", "\"all_to_all\": 3, \"inter_node\": {"), &p),
+                       "network.all_to_all must be an object"));
 }
 
 TEST(RankCostsTest, LinearAndHead) {
