@@ -319,7 +319,7 @@ int main(int argc, char** argv) {
     if (o.gpus == 0) return Fail("--gpus is required");
     SimOptions shape = o;  // the parallel shape alone, before the docs file sets L and B
     shape.max_doc_len = shape.batch_size = 1;
-    shape.cp = 0;
+    shape.cp = shape.micro_batches = 0;
     s = distca::ValidateSimOptions(shape);
     if (!s.ok()) return Fail(s.message());
     s = distca::ReadBatchesFile(a.docs_file, &batches);

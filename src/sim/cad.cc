@@ -132,6 +132,9 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
       pooled[0].insert(pooled[0].end(), pooled[1].begin(), pooled[1].end());
       pooled.pop_back();
     }
+    // Waves can be empty when documents are longer than a wave (a docs file,
+    // or micro_batches set): a tick with no documents costs nothing.
+    if (pooled[0].empty()) continue;
 
     PlanOptions po = base;
     po.ranks = plan_ranks;

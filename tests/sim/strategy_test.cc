@@ -203,6 +203,16 @@ TEST(CadTest, ArtifactMicroBatchesHoldTheWholeBatch) {
   EXPECT_DOUBLE_EQ(whole.iteration_s, chunks.iteration_s);
   EXPECT_EQ(chunks.cp, 1);
   EXPECT_EQ(whole.cp, 0);  // no c_min: the ranks hold B L / (m G) tokens
+  // One document, two waves: the first is empty and costs nothing; every
+  // strategy still runs.
+  o.micro_batches = 2;
+  std::vector<SimResult> all;
+  const Status s = Simulate(o, {{2048}},
+                            {SimStrategy::kWlbIdeal, SimStrategy::kMegatron, SimStrategy::kDistcaPaper,
+                             SimStrategy::kDistca, SimStrategy::kColocated},
+                            &all);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  for (const SimResult& r : all) EXPECT_GT(r.iteration_s, 0.0) << SimStrategyName(r.strategy);
   // More micro-batches than tokens per rank is refused.
   o.micro_batches = 2048;
   std::vector<SimResult> results;
