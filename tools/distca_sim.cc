@@ -34,7 +34,7 @@ struct Args {
   std::optional<int> num_layers, hidden, heads, groups, ffn, vocab;
   std::string hardware = "configs/hardware/h200-dgx.json";
   std::string lengths, docs_file, strategies = "wlb-ideal,megatron,distca-paper,distca";
-  std::string paper_grid, out_dir;
+  std::string paper_grid, out_dir, wlb_scope = "per-micro-batch";
   distca::WorkloadRecipe recipe;
   distca::GridRecipe grid_recipe;
   SimOptions sim;
@@ -270,9 +270,9 @@ int main(int argc, char** argv) {
   app.add_option("--servers", o.dedicated_servers, "distca: dedicated attention servers per stage (Default: 0)")
       ->check(nonneg);
   app.add_flag("--no-ping-pong", a.no_ping_pong, "CAD without nano-batch overlap");
-  app.add_flag("--wlb-whole-batch", o.wlb_whole_batch,
-               "with --micro-batches: wlb-ideal balances the whole batch over all d x m micro-batches instead of "
-               "each micro-batch over the d replicas");
+  app.add_option("--wlb-scope", a.wlb_scope,
+                 "with --micro-batches: what wlb-ideal balances at once: per-micro-batch (Default), whole-batch, "
+                 "whole-batch-artifact-cap");
   app.add_flag("--recompute-mlp", o.recompute_mlp,
                "recompute the MLP in the backward pass too (17 h instead of 34 h activation bytes per token and "
                "layer; the DistCA artifact's selective checkpointing)");
@@ -303,6 +303,8 @@ int main(int argc, char** argv) {
   if (a.ffn) o.model.ffn_hidden = *a.ffn;
   if (a.vocab) o.model.vocab_size = *a.vocab;
   o.ping_pong = !a.no_ping_pong;
+  s = distca::ParseWlbScope(a.wlb_scope, &o.wlb_scope);
+  if (!s.ok()) return Fail(s.message());
   std::vector<distca::SimStrategy> strategies;
   s = distca::ParseSimStrategies(a.strategies, &strategies);
   if (!s.ok()) return Fail(s.message());

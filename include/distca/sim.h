@@ -90,6 +90,20 @@ const char* SimStrategyName(SimStrategy strategy);
 // "wlb-ideal,megatron,distca-paper,distca,colocated" (any subset, any order, no repeats).
 Status ParseSimStrategies(std::string_view list, std::vector<SimStrategy>* strategies);
 
+// How wlb-ideal's balancer (the DistCA artifact's WLB-LLM reimplementation)
+// forms the m micro-batches of each of the d replicas.
+enum class WlbScope {
+  kPerMicroBatch,  // each micro-batch's documents over the d replicas, cap: their tokens / d
+  kWholeBatch,     // the whole batch over all d m micro-batches, cap: B L / (d m)
+  // As the artifact's pipeline benchmark calls it: the whole batch over d m
+  // micro-batches with a cap m times below a micro-batch's share, so that
+  // most documents are set aside and then placed by workload alone.
+  kWholeBatchArtifactCap,
+};
+const char* WlbScopeName(WlbScope scope);
+// "per-micro-batch", "whole-batch" or "whole-batch-artifact-cap".
+Status ParseWlbScope(std::string_view name, WlbScope* scope);
+
 struct SimOptions {
   ModelConfig model;         // required (ModelPreset + overrides)
   HardwareProfile hardware;  // required
@@ -116,11 +130,9 @@ struct SimOptions {
   // activations keep 17 h instead of 34 h bytes per token and layer, and the
   // backward pass reruns the MLP's forward. Default: false
   bool recompute_mlp = false;
-  // wlb-ideal with micro_batches set: balance the whole batch at once over
-  // all d m micro-batches (WLB-LLM's packing across the global batch)
-  // instead of each micro-batch's documents over the d replicas (the
-  // artifact's pipeline-parallel runner). Default: false
-  bool wlb_whole_batch = false;
+  // wlb-ideal with micro_batches set: what its balancer sees at once
+  // (docs/simulator.md, "wlb-ideal"). Default: kPerMicroBatch
+  WlbScope wlb_scope = WlbScope::kPerMicroBatch;
   int dedicated_servers = 0;  // distca: extra attention-only ranks per stage. Default: 0
   // CAD: two nano-batches overlapping compute and traffic; off: one plan per
   // wave, its traffic exposed (distca-train --ping-pong off). Default: on

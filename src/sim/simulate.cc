@@ -129,6 +129,33 @@ double SimContext::CadRankTokens(int c) const {
 
 const char* SimStrategyName(SimStrategy strategy) { return Entry(strategy).name; }
 
+namespace {
+constexpr std::pair<WlbScope, const char*> kWlbScopes[] = {
+    {WlbScope::kPerMicroBatch, "per-micro-batch"},
+    {WlbScope::kWholeBatch, "whole-batch"},
+    {WlbScope::kWholeBatchArtifactCap, "whole-batch-artifact-cap"},
+};
+}  // namespace
+
+const char* WlbScopeName(WlbScope scope) {
+  for (const auto& [s, name] : kWlbScopes)
+    if (s == scope) return name;
+  return "?";
+}
+
+Status ParseWlbScope(std::string_view name, WlbScope* scope) {
+  for (const auto& [s, n] : kWlbScopes) {
+    if (name == n) {
+      *scope = s;
+      return Status::Ok();
+    }
+  }
+  return Status::InvalidArgument(
+      fmt::format("unknown wlb-ideal balancing scope '{}' (expected per-micro-batch, whole-batch or "
+                  "whole-batch-artifact-cap)",
+                  name));
+}
+
 Status ParseSimStrategies(std::string_view list, std::vector<SimStrategy>* strategies) {
   strategies->clear();
   size_t begin = 0;

@@ -11,8 +11,10 @@
 //   the artifact draws each micro-batch's chunks from its loader), and each
 //   group is repacked into d bins of at most its tokens / d by the
 //   artifact's balancer (WlbBalance); bin r goes to replica r. With
-//   wlb_whole_batch, the whole batch is repacked at once into d m bins of at
-//   most B L / (d m) tokens, bin i to replica i mod d. Its workload breakpoint is where a document's attention FLOPs equal
+//   WlbScope::kWholeBatch, the whole batch is repacked at once into d m bins
+//   of at most B L / (d m) tokens, bin i to replica i mod d; with
+//   kWholeBatchArtifactCap the same with the cap m times smaller, as the
+//   artifact's pipeline benchmark passes it. Its workload breakpoint is where a document's attention FLOPs equal
 //   its linear FLOPs, l = linear FLOPs per token / (2 D Hq): 53K tokens for
 //   Llama-3-8B, 84K for Llama-34B (the artifact's scripts set 64000 and
 //   131072 by hand).
@@ -29,16 +31,18 @@ Status SimulateWlbIdeal(const SimContext& ctx, const std::vector<int64_t>& batch
     const int m = o.micro_batches;
     const int64_t total = int64_t{o.batch_size} * L;
     const double breakpoint = ctx.costs.LinearFlopsPerToken() / (2.0 * o.model.head_dim() * o.model.q_heads);
+    const bool whole = o.wlb_scope != WlbScope::kPerMicroBatch;
     const std::vector<std::vector<int64_t>> groups =
-        o.wlb_whole_batch ? std::vector<std::vector<int64_t>>{batch} : SplitIntoWaves(batch, m, (total + m - 1) / m);
-    const int bins_per_group = o.wlb_whole_batch ? replicas * m : replicas;
+        whole ? std::vector<std::vector<int64_t>>{batch} : SplitIntoWaves(batch, m, (total + m - 1) / m);
+    const int bins_per_group = whole ? replicas * m : replicas;
+    const int cap_divisor = o.wlb_scope == WlbScope::kWholeBatchArtifactCap ? m : 1;
     std::vector<std::vector<int64_t>> micro_batches;
     std::vector<std::vector<int>> assignment(replicas);
     for (const std::vector<int64_t>& group : groups) {
       int64_t tokens = 0;
       for (int64_t len : group) tokens += len;
       std::vector<std::vector<int64_t>> bins =
-          WlbBalance(group, bins_per_group, (tokens + bins_per_group - 1) / bins_per_group, breakpoint);
+          WlbBalance(group, bins_per_group, (tokens + bins_per_group - 1) / bins_per_group / cap_divisor, breakpoint);
       for (int i = 0; i < bins_per_group; ++i) {
         if (bins[i].empty()) continue;
         assignment[i % replicas].push_back(int(micro_batches.size()));

@@ -175,9 +175,20 @@ TEST(WlbIdealTest, ArtifactMicroBatchesRebalanceEachMicroBatchOverTheReplicas) {
   EXPECT_NEAR(r.idle_fraction, slow / (slow + small) / 2, 1e-12);
   // Balancing the whole batch at once over the 4 bins of 512 tokens puts the
   // 1024 document aside and then into an empty bin: the same split here.
-  o.wlb_whole_batch = true;
+  o.wlb_scope = WlbScope::kWholeBatch;
   r = SimulateOne(o, {{1024, 512, 512}}, SimStrategy::kWlbIdeal);
   EXPECT_NEAR(r.iteration_s, slow + small, (slow + small) * kRel);
+  // The artifact's pipeline benchmark caps bins at 512 / 2 = 256 tokens:
+  // every document is set aside, then placed by workload, largest first:
+  // 1024 -> bin 0, 512 -> bin 1, 512 -> bin 2; replica 0 runs bins 0 and 2.
+  o.wlb_scope = WlbScope::kWholeBatchArtifactCap;
+  r = SimulateOne(o, {{1024, 512, 512}}, SimStrategy::kWlbIdeal);
+  EXPECT_NEAR(r.iteration_s, slow + small, (slow + small) * kRel);
+  WlbScope scope;
+  ASSERT_TRUE(ParseWlbScope("whole-batch-artifact-cap", &scope).ok());
+  EXPECT_EQ(scope, WlbScope::kWholeBatchArtifactCap);
+  EXPECT_STREQ(WlbScopeName(WlbScope::kPerMicroBatch), "per-micro-batch");
+  EXPECT_TRUE(Contains(ParseWlbScope("global", &scope), "unknown wlb-ideal balancing scope 'global'"));
 }
 
 TEST(MegatronTest, ArtifactMicroBatchesJoinAReplicasChunks) {
