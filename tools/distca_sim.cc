@@ -274,8 +274,8 @@ int main(int argc, char** argv) {
                  "with --micro-batches: what wlb-ideal balances at once: per-micro-batch (Default), whole-batch, "
                  "whole-batch-artifact-cap");
   app.add_flag("--recompute-mlp", o.recompute_mlp,
-               "recompute the MLP in the backward pass too (17 h instead of 34 h activation bytes per token and "
-               "layer; the DistCA artifact's selective checkpointing)");
+               "recompute the MLP in the backward pass too (its 6 x ffn activation bytes per token and layer are "
+               "not kept; the DistCA artifact's selective checkpointing)");
   app.add_option("--tolerance", o.tolerance, "CAD planner's initial eps (Default: 0.05)")->check(nonneg);
   app.add_option("--comm-budget", o.comm_budget, "CAD per-rank bytes per plan, 0 = unlimited (Default: 2e9)")
       ->check(nonneg);

@@ -29,7 +29,8 @@ CpStageCost CostCpMicroBatch(const SimContext& ctx, const std::vector<int64_t>& 
 }
 
 Status RunContextParallel(const SimContext& ctx, const std::vector<std::vector<int64_t>>& micro_batches,
-                          const std::vector<std::vector<int>>& replicas, int c, BatchOutcome* out) {
+                          const std::vector<std::vector<int>>& replicas, int c, bool keeps_gathered_kv,
+                          BatchOutcome* out) {
   const int stages = ctx.options.pp;
   const int G = ctx.stage_ranks;
   const int d = static_cast<int>(replicas.size());
@@ -83,7 +84,10 @@ Status RunContextParallel(const SimContext& ctx, const std::vector<std::vector<i
     for (int s = 0; s < stages; ++s) {
       const int in_flight = std::min<int>(stages - s, int(held.size()));
       const double act = std::accumulate(held.begin(), held.begin() + in_flight, 0.0) * ctx.stage_layers;
-      MemoryInput mem{ctx.stage_params, G, act, buffer};
+      // Gathered K/V kept for the backward pass: (c - 1) ranks' share of
+      // every layer of each micro-batch in flight.
+      const double kept_kv = keeps_gathered_kv ? act * (c - 1) * k.KvBytesPerToken() : 0.0;
+      MemoryInput mem{ctx.stage_params, G, act, buffer + kept_kv};
       for (int j = 0; j < c; ++j) {
         const size_t rank = size_t(s) * G + size_t(r) * c + j;
         o.busy_s[rank] = run.busy.empty() ? 0.0 : run.busy[s];

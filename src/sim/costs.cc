@@ -21,7 +21,7 @@ RankCosts::RankCosts(const ModelConfig& m, const HardwareProfile& hw, int tp, bo
   backward_linear_factor_ =
       kBackwardLinearFactor + (recompute_mlp ? mlp_flops_per_token / linear_flops_per_token_ : 0.0);
   activation_bytes_per_token_ =
-      (recompute_mlp ? kActivationBytesPerHiddenMlpRecompute : kActivationBytesPerHidden) * h * hw.dtype_bytes / 2.0;
+      (12 * h + 4 * h_kv + (recompute_mlp ? 0.0 : 6.0 * m.ffn_hidden)) * hw.dtype_bytes / 2.0;
   pre_attention_share_ = (h + 2 * h_kv) / (2 * h + 2 * h_kv + 3.0 * m.ffn_hidden);
   const double q_row = double(m.q_heads) * m.head_dim() * hw.dtype_bytes;  // Q, O, dO, dQ
   const double kv_row = 2 * h_kv * hw.dtype_bytes;                         // K and V

@@ -15,12 +15,6 @@ namespace distca::sim {
 // Backward / forward time ratio of the linear layers (DESIGN.md section 3);
 // core attention's is the hardware profile's attention_backward_factor.
 inline constexpr double kBackwardLinearFactor = 2.0;
-// Activation bytes kept per token per layer, in units of hidden * (dtype / 2),
-// with selective recomputation of core attention (Korthikanti et al. 2022,
-// Table 2: 34 s b h), and with the MLP recomputed as well: its 19 s b h
-// (Korthikanti et al., section 4.1) dropped, its 2 s b h input kept.
-inline constexpr double kActivationBytesPerHidden = 34.0;
-inline constexpr double kActivationBytesPerHiddenMlpRecompute = 34.0 - 19.0 + 2.0;
 
 class RankCosts {
  public:
@@ -72,7 +66,15 @@ class RankCosts {
   double KvBytesPerToken() const { return kv_bytes_per_token_; }
   // Hidden state of one token: h * dtype_bytes (pipeline stage boundary).
   double HiddenBytesPerToken() const { return hidden_bytes_per_token_; }
-  // Activation bytes one token keeps per layer on one rank (all tp devices).
+  // Activation bytes one token keeps per layer on one rank (all tp devices),
+  // core attention recomputed (FlashAttention keeps only its output and
+  // statistics), counted tensor by tensor in 2-byte elements: attention
+  // block 6h + 4h_kv (the QKV input, Q, K and V, the output that feeds the
+  // O projection), MLP 2h + 6 ffn (its input, the gate and up outputs, the
+  // SwiGLU output), the two norms' inputs 4h; times dtype_bytes / 2. With
+  // the MLP recomputed, its 6 ffn are dropped (its input stays). For a
+  // 4h-GeLU MLP with dropout this is Korthikanti et al. 2022's 34 s b h;
+  // Llama-3-8B happens to land on 34 h too, Llama-34B on 28.6 h.
   double ActivationBytesPerToken() const { return activation_bytes_per_token_; }
   // Share of a layer's context-independent FLOPs that run before core
   // attention in the forward pass (the QKV projection): (h + 2 h_kv) /

@@ -85,9 +85,12 @@ CpStageCost CostCpMicroBatch(const SimContext& ctx, const std::vector<int64_t>& 
 // the pp-stage 1F1B pipeline; fills everything in `out`. Memory per rank:
 // the largest min(pp - s, m) micro-batches' tokens / c in flight, and one
 // layer's gathered K/V plus their dK/dV partials (2 x tokens x K/V bytes of
-// the largest micro-batch) when c > 1.
+// the largest micro-batch) when c > 1; with keeps_gathered_kv (per-document
+// CP with an all-gather, whose backward reuses the gathered K/V), also the
+// other c - 1 ranks' K/V of every layer of the micro-batches in flight.
 Status RunContextParallel(const SimContext& ctx, const std::vector<std::vector<int64_t>>& micro_batches,
-                          const std::vector<std::vector<int>>& replicas, int c, BatchOutcome* out);
+                          const std::vector<std::vector<int>>& replicas, int c, bool keeps_gathered_kv,
+                          BatchOutcome* out);
 
 // --- shared by the CAD strategies (cad.cc) ---
 

@@ -15,7 +15,9 @@ Status SimulateMegatron(const SimContext& ctx, const std::vector<int64_t>& batch
   std::vector<std::vector<int>> assignment(replicas);
   for (size_t i = 0; i < chunks.size(); ++i) assignment[i % replicas].push_back(int(i));
   const int m = ctx.options.micro_batches;
-  if (m == 0) return RunContextParallel(ctx, chunks, assignment, cp, out);
+  // Ring attention passes K/V around again in the backward pass: nothing
+  // gathered is kept.
+  if (m == 0) return RunContextParallel(ctx, chunks, assignment, cp, /*keeps_gathered_kv=*/false, out);
   std::vector<std::vector<int64_t>> micro_batches;
   std::vector<std::vector<int>> grouped(replicas);
   for (int r = 0; r < replicas; ++r) {
@@ -31,7 +33,7 @@ Status SimulateMegatron(const SimContext& ctx, const std::vector<int64_t>& batch
       }
     }
   }
-  return RunContextParallel(ctx, micro_batches, grouped, cp, out);
+  return RunContextParallel(ctx, micro_batches, grouped, cp, /*keeps_gathered_kv=*/false, out);
 }
 
 }  // namespace distca::sim

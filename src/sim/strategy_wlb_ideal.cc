@@ -49,7 +49,7 @@ Status SimulateWlbIdeal(const SimContext& ctx, const std::vector<int64_t>& batch
         micro_batches.push_back(std::move(bins[i]));
       }
     }
-    return RunContextParallel(ctx, micro_batches, assignment, cp, out);
+    return RunContextParallel(ctx, micro_batches, assignment, cp, /*keeps_gathered_kv=*/true, out);
   }
   const std::vector<std::vector<int64_t>> micro_batches = WlbPack(batch, o.batch_size, L, 2 * L);
   std::vector<double> seconds;
@@ -57,7 +57,7 @@ Status SimulateWlbIdeal(const SimContext& ctx, const std::vector<int64_t>& batch
     const CpStageCost c = CostCpMicroBatch(ctx, mb, cp);
     seconds.push_back(c.forward + c.backward);
   }
-  return RunContextParallel(ctx, micro_batches, AssignLpt(seconds, replicas), cp, out);
+  return RunContextParallel(ctx, micro_batches, AssignLpt(seconds, replicas), cp, /*keeps_gathered_kv=*/true, out);
 }
 
 }  // namespace distca::sim

@@ -177,7 +177,8 @@ TEST(RankCostsTest, LinearAndHead) {
   EXPECT_NEAR(k.HeadForward(1000), 2.0 * 64 * 256 * 1000 / 1e12, kRel);
   EXPECT_DOUBLE_EQ(k.KvBytesPerToken(), 2.0 * 2 * 16 * 2);  // K and V, 2 heads of 16, bf16
   EXPECT_DOUBLE_EQ(k.HiddenBytesPerToken(), 64.0 * 2);
-  EXPECT_DOUBLE_EQ(k.ActivationBytesPerToken(), 34.0 * 64);  // 34 h bytes at 2-byte elements
+  // 12 h + 4 h_kv + 6 ffn = 768 + 128 + 768 bytes at 2-byte elements.
+  EXPECT_DOUBLE_EQ(k.ActivationBytesPerToken(), 1664.0);
 }
 
 TEST(RankCostsTest, AttentionUsesPairsAndTheQueryLengthsEfficiency) {
@@ -220,7 +221,7 @@ TEST(RankCostsTest, MlpRecomputation) {
   // The MLP is 6 * 64 * 128 = 49152 of the 73728 forward FLOPs per token;
   // the backward reruns it: 2 + 2/3.
   EXPECT_DOUBLE_EQ(k.BackwardLinearFactor(), 2.0 + 2.0 / 3);
-  EXPECT_DOUBLE_EQ(k.ActivationBytesPerToken(), 17.0 * 64);  // 34 - 19 + 2 h bytes
+  EXPECT_DOUBLE_EQ(k.ActivationBytesPerToken(), 896.0);  // the MLP's 6 ffn dropped
   // After attention only the QKV projection's backward, 2 x 2/9 of the
   // forward time, remains.
   EXPECT_NEAR(k.BeforeAttentionShare(true), 1.0 - (4.0 / 9) / (8.0 / 3), 1e-15);
@@ -245,8 +246,8 @@ TEST(RankCostsTest, MemoryPerDevice) {
   in.optimizer_shards = 4;
   in.activation_tokens = 10;
   in.buffer_bytes = 100;
-  // (1000 * (2 + 4) + 1000 * 12 / 4 + 10 * 34 * 64 + 100) / 2 devices.
-  EXPECT_DOUBLE_EQ(sim::DeviceMemoryBytes(k, in), (6000.0 + 3000 + 21760 + 100) / 2);
+  // (1000 * (2 + 4) + 1000 * 12 / 4 + 10 * 1664 + 100) / 2 devices.
+  EXPECT_DOUBLE_EQ(sim::DeviceMemoryBytes(k, in), (6000.0 + 3000 + 16640 + 100) / 2);
 }
 
 }  // namespace

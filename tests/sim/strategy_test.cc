@@ -75,10 +75,10 @@ TEST(MegatronTest, ContextParallelPaysTheAllGather) {
   EXPECT_NEAR(r.breakdown.forward_comm_s, 2 * ag, ag * kRel);
   EXPECT_EQ(r.cp, 2);
   // Memory per device (tp 2): bf16 weights + fp32 grads, the optimizer over
-  // the 2 ranks, one micro-batch's 512 tokens x 2 layers of 34 h bytes, and
+  // the 2 ranks, one micro-batch's 512 tokens x 2 layers of 1664 bytes, and
   // the gathered K/V plus their dK/dV partials (2 x 1024 x 128 bytes).
   const double params = double(ParameterCount(o.model));
-  const double mem = (params * 6 + params * 12 / 2 + 512.0 * 2 * 34 * 64 + 2 * 1024.0 * 128) / 2;
+  const double mem = (params * 6 + params * 12 / 2 + 512.0 * 2 * 1664 + 2 * 1024.0 * 128) / 2;
   EXPECT_NEAR(r.memory_max_bytes, mem, mem * kRel);
   EXPECT_TRUE(r.memory_fits);
 }
@@ -365,7 +365,7 @@ TEST(CadTest, CMinIsTheSmallestDegreeWhoseTokensFit) {
   o.hardware.attention_efficiency = {{1.0, 1.0}};
   const double params = double(ParameterCount(o.model));
   auto memory = [&](double tokens) {
-    return (params * 6 + params * 12 / 2 + tokens * 2 * 34 * 64 + 1e9 * 2) / 2;  // 2 layers, tp 2
+    return (params * 6 + params * 12 / 2 + tokens * 2 * 1664 + 1e9 * 2) / 2;  // 2 layers, tp 2
   };
   for (SimStrategy s : {SimStrategy::kDistca, SimStrategy::kDistcaPaper}) {
     o.hardware.memory_bytes = memory(1024);
