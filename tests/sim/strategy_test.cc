@@ -131,6 +131,17 @@ TEST(WlbIdealTest, PacksWholeDocumentsAndWaitsForTheSlowestReplica) {
   EXPECT_NEAR(r.idle_fraction, (slow - fast) / slow / 2, 1e-12);
 }
 
+TEST(WlbIdealTest, KeepsEveryLayersGatheredKv) {
+  SimOptions o = TestOptions();
+  o.cp = 2;
+  const SimResult wlb = SimulateOne(o, {{1024, 1024}}, SimStrategy::kWlbIdeal);
+  const SimResult meg = SimulateOne(o, {{1024, 1024}}, SimStrategy::kMegatron);
+  // Same micro-batches (one 1024 document each, 512 tokens per rank); per-
+  // document CP also keeps the other rank's 512 tokens of K/V (128 B each)
+  // for both layers, per device of tp 2. Megatron's ring keeps none.
+  EXPECT_DOUBLE_EQ(wlb.memory_max_bytes - meg.memory_max_bytes, 1 * 512.0 * 128 * 2 / 2);
+}
+
 TEST(WlbBalanceTest, LightestBinThenEmptiestThenSetAside) {
   // Breakpoint 1000: workload x^2 + x, x = l / 1000; cap 1000.
   // 600 -> bin 0 (0.96); 500 -> bin 1 (0.75); 400 -> bin 1 (900 tokens,
