@@ -69,6 +69,9 @@ nlohmann::json ToJson(const SimOptions& o, const SimResult& r) {
           {"max_doc_len", o.max_doc_len},
           {"batch_size", o.batch_size},
           {"ping_pong", o.ping_pong},
+          {"micro_batches", o.micro_batches},
+          {"recompute_mlp", o.recompute_mlp},
+          {"wlb_scope", distca::WlbScopeName(o.wlb_scope)},
           {"tolerance", o.tolerance},
           {"iteration_s", r.iteration_s},
           {"tokens_per_s", r.tokens_per_s},
@@ -107,7 +110,7 @@ void PrintTable(const std::vector<SimResult>& results, bool breakdown) {
   }
   bool over = false;
   for (const SimResult& r : results) over |= !r.memory_fits;
-  if (over) fmt::print("! over the device memory of the hardware profile even at the largest CP degree (c_min)\n");
+  if (over) fmt::print("! over the device memory of the hardware profile at every CP degree tried (c_min for CAD)\n");
   if (!breakdown) return;
   fmt::print("\nper layer, summed over one iteration's micro-batches, mean over ranks (ms):\n");
   fmt::print("{:<13} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}\n", "strategy", "fwd lin", "bwd lin", "fwd CA", "bwd CA",
@@ -171,7 +174,7 @@ int RunGrid(const Args& a, const std::vector<int64_t>& pool, const std::vector<d
     if (!s.ok()) return Fail(fmt::format("{}: {}", p.Label(), s.message()));
     std::string line = fmt::format("{:<14}", p.Label());
     for (const SimResult& r : results) {
-      csv += distca::GridCsvRow(p, r);
+      csv += distca::GridCsvRow(p, r, o.wlb_scope);
       line += fmt::format("  {} {:.3f}s {:.3f}x", distca::SimStrategyName(r.strategy), r.iteration_s, r.speedup);
     }
     fmt::print("{}\n", line);
@@ -246,7 +249,8 @@ int main(int argc, char** argv) {
   app.add_option("--pp", o.pp, "pipeline stages (Default: 1)")->check(pos);
   app.add_option("--cp", o.cp, "baselines' CP degree (Default: best of a sweep over powers of two)")->check(pos);
   app.add_option("--max-doc-len", o.max_doc_len, "L: chunk length and longest document, tokens")->check(pos);
-  app.add_option("--batch-size", o.batch_size, "B: L-token chunks per iteration (a multiple of gpus / (tp x pp))")
+  app.add_option("--batch-size", o.batch_size,
+                 "B: L-token chunks per iteration (a multiple of gpus / (tp x pp) unless --micro-batches)")
       ->check(pos);
   app.add_option("--lengths", a.lengths, "JSON array of document lengths to sample from");
   app.add_option("--docs-file", a.docs_file,
@@ -258,14 +262,14 @@ int main(int argc, char** argv) {
       ->check(pos);
   app.add_option("--filter-ratio", a.recipe.filter_ratio, "share of short documents kept (Default: 1; grid: 0.5)")
       ->check(CLI::Range(0.0, 1.0));
-  app.add_option("--elongate", a.recipe.elongate, "length multiplier (Default: 1; grid: L / 128K)")->check(pos);
+  app.add_option("--elongate", a.recipe.elongate, "length multiplier (Default: 1; grid: L / 64K)")->check(pos);
   app.add_option("--seed", a.recipe.seed, "sampling seed (Default: 0)");
   app.add_option("--strategies", a.strategies,
                  "comma-separated from wlb-ideal, megatron, distca-paper, distca, colocated (Default: "
                  "wlb-ideal,megatron,distca-paper,distca)");
   app.add_option("--micro-batches", o.micro_batches,
-                 "micro-batches per data-parallel replica, the whole batch balanced at once (the DistCA artifact: "
-                 "1); Default: 0 = one L-token chunk per micro-batch")
+                 "micro-batches per data-parallel replica, every strategy running the batch's B L tokens as m "
+                 "micro-batches (the DistCA artifact: 1 in 3D); Default: 0 = one L-token chunk per micro-batch")
       ->check(nonneg);
   app.add_option("--servers", o.dedicated_servers, "distca: dedicated attention servers per stage (Default: 0)")
       ->check(nonneg);
@@ -305,6 +309,8 @@ int main(int argc, char** argv) {
   o.ping_pong = !a.no_ping_pong;
   s = distca::ParseWlbScope(a.wlb_scope, &o.wlb_scope);
   if (!s.ok()) return Fail(s.message());
+  if (app.count("--wlb-scope") > 0 && o.micro_batches == 0 && a.paper_grid.empty())
+    return Fail("--wlb-scope applies with --micro-batches (or --paper-grid)");
   std::vector<distca::SimStrategy> strategies;
   s = distca::ParseSimStrategies(a.strategies, &strategies);
   if (!s.ok()) return Fail(s.message());
@@ -337,6 +343,9 @@ int main(int argc, char** argv) {
 
     if (!a.paper_grid.empty()) {
       if (a.tolerance_sweep) return Fail("--paper-grid and --tolerance-sweep are separate runs");
+      if (app.count("--micro-batches") > 0 || app.count("--recompute-mlp") > 0)
+        return Fail(
+            "--paper-grid sets micro-batches and MLP recomputation per configuration (use --grid-micro-batches)");
       // The paper's Pretrain recipe unless overridden on the command line.
       if (app.count("--upsample") == 0) a.recipe.upsample = 4;
       if (app.count("--filter-ratio") == 0) a.recipe.filter_ratio = 0.5;

@@ -226,7 +226,8 @@ Status PaperGrid(std::string_view dims, std::vector<GridPoint>* points, const Gr
 
 // One CSV row per (grid point, strategy); the header names every column.
 std::string GridCsvHeader();
-std::string GridCsvRow(const GridPoint& point, const SimResult& result);
+// wlb_scope: SimOptions::wlb_scope of the run (a column of its own).
+std::string GridCsvRow(const GridPoint& point, const SimResult& result, WlbScope wlb_scope);
 // A gnuplot script drawing speedup-over-wlb-ideal bars per configuration, one
 // bar per strategy (like the paper's Figures 9 and 10), from a CSV written
 // with GridCsvHeader/GridCsvRow, into a PNG.

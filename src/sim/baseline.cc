@@ -9,7 +9,7 @@
 
 namespace distca::sim {
 
-CpStageCost CostCpMicroBatch(const SimContext& ctx, const std::vector<int64_t>& docs, int c) {
+CpStageCost CostCpMicroBatch(const SimContext& ctx, const std::vector<int64_t>& docs, int c, bool keeps_gathered_kv) {
   const RankCosts& k = ctx.costs;
   const double tokens = double(std::accumulate(docs.begin(), docs.end(), int64_t{0}));
   const bool inter = ctx.CpInterNode(c);
@@ -17,13 +17,14 @@ CpStageCost CostCpMicroBatch(const SimContext& ctx, const std::vector<int64_t>& 
   cost.linear_f = k.LinearForward(tokens / c);
   for (int64_t len : docs) cost.attention_f += k.AttentionForwardCp(len, c);
   // Forward: every rank gathers the K/V of the whole micro-batch; backward:
-  // the dK/dV partials are reduce-scattered back. Neither is overlapped.
+  // the dK/dV partials are reduce-scattered back, after the K/V travel once
+  // more when they were not kept (ring attention). Nothing is overlapped.
   cost.all_gather = k.Ring(c, tokens * k.KvBytesPerToken(), inter);
-  cost.reduce_scatter = cost.all_gather;
+  cost.backward_comm = (keeps_gathered_kv ? 1.0 : 2.0) * cost.all_gather;
   const int layers = ctx.stage_layers;
   cost.forward = layers * (cost.linear_f + cost.attention_f + cost.all_gather);
   cost.backward = layers * (k.BackwardLinearFactor() * cost.linear_f + k.AttentionBackwardFactor() * cost.attention_f +
-                            cost.reduce_scatter);
+                            cost.backward_comm);
   cost.head_f = k.HeadForward(tokens / c);
   return cost;
 }
@@ -39,7 +40,7 @@ Status RunContextParallel(const SimContext& ctx, const std::vector<std::vector<i
   std::vector<CpStageCost> costs(micro_batches.size());
   std::vector<double> tokens(micro_batches.size());
   for (size_t i = 0; i < micro_batches.size(); ++i) {
-    costs[i] = CostCpMicroBatch(ctx, micro_batches[i], c);
+    costs[i] = CostCpMicroBatch(ctx, micro_batches[i], c, keeps_gathered_kv);
     tokens[i] = double(std::accumulate(micro_batches[i].begin(), micro_batches[i].end(), int64_t{0}));
   }
 
@@ -68,12 +69,13 @@ Status RunContextParallel(const SimContext& ctx, const std::vector<std::vector<i
       o.breakdown.forward_attention_s += cc.attention_f / d;
       o.breakdown.backward_attention_s += k.AttentionBackwardFactor() * cc.attention_f / d;
       o.breakdown.forward_comm_s += cc.all_gather / d;
-      o.breakdown.backward_comm_s += cc.reduce_scatter / d;
-      // K/V gathered and dK/dV scattered: (c - 1) / c of the micro-batch's K/V
+      o.breakdown.backward_comm_s += cc.backward_comm / d;
+      // K/V gathered and dK/dV scattered (and, for ring attention, the K/V
+      // once more in the backward pass): (c - 1) / c of the micro-batch's K/V
       // reaches each of the c ranks, in every layer; activations (tokens / c
       // on each of the c ranks) cross each stage boundary forward and their
       // gradients backward.
-      o.bytes_moved += 2.0 * layers_total * tokens[i] * k.KvBytesPerToken() * (c - 1) +
+      o.bytes_moved += (keeps_gathered_kv ? 2.0 : 3.0) * layers_total * tokens[i] * k.KvBytesPerToken() * (c - 1) +
                        2.0 * (stages - 1) * tokens[i] * k.HiddenBytesPerToken();
     }
     const PipelineRun run = Simulate1F1B(times);

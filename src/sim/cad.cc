@@ -1,7 +1,7 @@
 // Core attention disaggregation, costed from real plans (docs/simulator.md,
 // "CAD"). The batch's documents, whole and in order, form m = B c / G waves
 // of about G / c chunks, laid out over the G ranks (L / c tokens each; c is
-// c_min). Ticks follow the aligned pipeline schedule: m + P - 1 forward
+// c_min), or, with micro_batches set, m waves of B L / (m G) tokens per rank. Ticks follow the aligned pipeline schedule: m + P - 1 forward
 // ticks, in which stage s holds wave k - s, then as many backward ticks (stage
 // s holds wave k - (P - 1 - s)); a backward tick pools the same waves as the
 // forward tick of the same index, so it reuses its plans. With P = 1 a tick
@@ -96,10 +96,11 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
   // The budget is per device (a rank's tp devices each carry 1/tp of the
   // heads) and per all-to-all: the buffer holds one exchange at a time, and
   // DistCA checks each of the four against it. The planner's budget counts a
-  // layer's forward + backward bytes, so it gets the budget divided by the
-  // largest exchange's share of them.
-  base.comm_budget =
-      colocated ? 0 : int64_t(double(opt.comm_budget) * opt.tp / k.LargestExchangeShare());
+  // layer's forward + backward bytes sent (or received) by a rank, so it gets
+  // the budget divided by the largest exchange's share of them (capped where
+  // it would not fit in int64: unlimited in practice).
+  const double budget = double(opt.comm_budget) * opt.tp / k.LargestExchangeShare();
+  base.comm_budget = colocated ? 0 : budget >= 9e18 ? int64_t{9'000'000'000'000'000'000} : int64_t(budget);
   base.model = {opt.model.q_heads, opt.model.kv_heads, opt.model.head_dim(), opt.hardware.dtype_bytes};
   const CostModel flops = CostModel::Flops(base.model);
 
@@ -110,7 +111,9 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
 
   for (int tick = 0; tick < m + P - 1; ++tick) {
     std::vector<int> active, idle;
-    for (int s = 0; s < P; ++s) (tick - s >= 0 && tick - s < m ? active : idle).push_back(s);
+    // A stage whose wave is empty (documents longer than a wave) idles.
+    for (int s = 0; s < P; ++s)
+      (tick - s >= 0 && tick - s < m && !waves[tick - s].empty() ? active : idle).push_back(s);
     // Physical rank of each plan server: active stages' ranks hold tokens;
     // idle stages' ranks, then dedicated servers, serve attention only.
     std::vector<int> phys;
@@ -132,9 +135,13 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
       pooled[0].insert(pooled[0].end(), pooled[1].begin(), pooled[1].end());
       pooled.pop_back();
     }
-    // Waves can be empty when documents are longer than a wave (a docs file,
-    // or micro_batches set): a tick with no documents costs nothing.
+    // A tick whose stages all have empty waves costs nothing.
     if (pooled[0].empty()) continue;
+    if (Sum(pooled[0]) < plan_ranks)
+      return Status::InvalidArgument(
+          fmt::format("tick {} holds {} tokens for {} ranks: some rank would hold none (fewer micro-batches, or "
+                      "fewer ranks, would give each rank a token)",
+                      tick, Sum(pooled[0]), plan_ranks));
 
     PlanOptions po = base;
     po.ranks = plan_ranks;
@@ -243,7 +250,7 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
       }
       const double max_compute = *std::max_element(compute.begin(), compute.end());
 
-      // The LM head on the last stage (its ranks hold about L / c tokens), and
+      // The LM head on the last stage (its ranks hold about rank_tokens), and
       // the activations crossing stage boundaries.
       double head = 0;
       if (std::find(active.begin(), active.end(), P - 1) != active.end()) {

@@ -35,8 +35,10 @@ RankCosts::RankCosts(const ModelConfig& m, const HardwareProfile& hw, int tp, bo
     if (CostModel::FromTableCsv(hw.attention_table->csv, &table).ok()) table_ = std::move(table);
   }
   dispatch_share_bwd_ = bwd_out / (bwd_out + bwd_back);
+  // A rank's sent (or received) bytes are one side of the four exchanges:
+  // the dispatches on one side, the returns on the other.
   largest_exchange_share_ =
-      std::max({fwd_out, fwd_back, bwd_out, bwd_back}) / (fwd_out + fwd_back + bwd_out + bwd_back);
+      std::max(std::max(fwd_out, bwd_out) / (fwd_out + bwd_out), std::max(fwd_back, bwd_back) / (fwd_back + bwd_back));
 }
 
 double RankCosts::AttentionForward(int64_t q_begin, int64_t q_end) const {

@@ -87,10 +87,12 @@ class RankCosts {
   // (fp32); backward Q + dO + LSE + delta (fp32) + K/V against dQ + partial
   // dK/dV (fp32).
   double DispatchShare(bool backward) const { return backward ? dispatch_share_bwd_ : dispatch_share_fwd_; }
-  // Share of CAD's per-layer bytes (forward + backward) that the largest of
-  // its four all-to-alls (forward dispatch and return, backward dispatch and
-  // return) carries, per moved query row with one K/V row: the backward
-  // dispatch, 0.36 for Llama-3-8B.
+  // The largest share one of CAD's four all-to-alls (forward dispatch and
+  // return, backward dispatch and return) carries of the bytes a rank sends
+  // (or receives) in a layer, forward + backward, per moved query row with
+  // one K/V row: max(dispatch_bwd / (dispatch_fwd + dispatch_bwd), return_bwd
+  // / (return_fwd + return_bwd)); 0.66 for Llama-3-8B (the backward return
+  // with its fp32 dK/dV).
   double LargestExchangeShare() const { return largest_exchange_share_; }
   // Backward / forward time of core attention (the profile's).
   double AttentionBackwardFactor() const { return hw_.attention_backward_factor; }

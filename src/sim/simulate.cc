@@ -292,8 +292,7 @@ Status Simulate(const SimOptions& options, const std::vector<std::vector<int64_t
     // memory (the fastest among those within 1% of it: with micro_batches
     // set, the degree barely changes the memory), flagged by memory_fits =
     // false.
-    SimResult best;
-    bool have = false;
+    std::vector<SimResult> tried;
     for (int cp : cps) {
       std::vector<sim::BatchOutcome> outcomes(n);
       std::vector<Status> status(n);
@@ -301,17 +300,24 @@ Status Simulate(const SimOptions& options, const std::vector<std::vector<int64_t
       for (int b = 0; b < n; ++b) status[b] = e.run(ctx, batches[b], cp, &outcomes[b]);
       for (int b = 0; b < n; ++b)
         if (!status[b].ok()) return status[b].WithContext(fmt::format("{}, batch {}", e.name, b));
-      SimResult r = Summarize(options, id, e.cp == CpChoice::kMinFit && options.micro_batches > 0 ? 0 : cp, outcomes);
-      const bool faster = r.iteration_s < best.iteration_s;
-      const bool better =
-          !have || (r.memory_fits && !best.memory_fits) || (r.memory_fits && best.memory_fits && faster) ||
-          (!r.memory_fits && !best.memory_fits &&
-           (r.memory_max_bytes < 0.99 * best.memory_max_bytes ||
-            (r.memory_max_bytes <= 1.01 * best.memory_max_bytes && faster)));
-      if (better) best = std::move(r);
-      have = true;
-      if (e.cp == CpChoice::kMinFit && best.memory_fits) break;
+      tried.push_back(
+          Summarize(options, id, e.cp == CpChoice::kMinFit && options.micro_batches > 0 ? 0 : cp, outcomes));
+      if (e.cp == CpChoice::kMinFit && tried.back().memory_fits) break;
     }
+    auto faster = [](const SimResult& a, const SimResult& b) { return a.iteration_s < b.iteration_s; };
+    std::vector<SimResult> pool;
+    for (const SimResult& r : tried)
+      if (r.memory_fits) pool.push_back(r);
+    if (pool.empty()) {
+      const double least =
+          std::min_element(tried.begin(), tried.end(), [](const SimResult& a, const SimResult& b) {
+            return a.memory_max_bytes < b.memory_max_bytes;
+          })->memory_max_bytes;
+      for (const SimResult& r : tried)
+        if (r.memory_max_bytes <= 1.01 * least) pool.push_back(r);
+    }
+    // CAD keeps the first (smallest) degree that fits: it stops there.
+    SimResult best = *std::min_element(pool.begin(), pool.end(), faster);
     out.push_back(std::move(best));
   }
   for (const SimResult& r : out) {

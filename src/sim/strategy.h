@@ -41,7 +41,7 @@ struct SimContext {
 };
 
 // CAD's memory model (docs/simulator.md, "Memory"): per device, a rank that
-// holds L / c tokens per wave, min(pp, m) waves in flight, weights, gradients
+// holds CadRankTokens(c) tokens per wave, min(pp, m) waves in flight, weights, gradients
 // and the optimizer sharded over the stage's G ranks, and the communication
 // buffer (comm_budget per device when set, else 0: unknown before planning).
 double CadMemoryBytes(const SimContext& ctx, int c);
@@ -60,8 +60,8 @@ struct BatchOutcome {
 };
 
 // Strategies. `cp` is the baselines' CP degree c, CAD's c_min (each rank
-// holds L / cp tokens per wave), 1 for colocated. REQUIRES:
-// ctx.MicroBatchesPerReplica(cp) > 0.
+// holds CadRankTokens(cp) tokens per wave; with micro_batches set, cp is 1
+// and unused), 1 for colocated. REQUIRES: ctx.MicroBatchesPerReplica(cp) > 0.
 Status SimulateWlbIdeal(const SimContext& ctx, const std::vector<int64_t>& batch, int cp, BatchOutcome* out);
 Status SimulateMegatron(const SimContext& ctx, const std::vector<int64_t>& batch, int cp, BatchOutcome* out);
 Status SimulateDistcaPaper(const SimContext& ctx, const std::vector<int64_t>& batch, int cp, BatchOutcome* out);
@@ -73,11 +73,13 @@ Status SimulateColocated(const SimContext& ctx, const std::vector<int64_t>& batc
 // Seconds of one micro-batch (documents spread over a CP group of c ranks) on
 // one stage, forward and backward, and the per-layer parts.
 struct CpStageCost {
-  double linear_f = 0, attention_f = 0, all_gather = 0, reduce_scatter = 0;  // per layer, per rank
+  // Per layer, per rank. backward_comm: the dK/dV reduce-scatter, plus the
+  // K/V's second pass when they were not kept (ring attention).
+  double linear_f = 0, attention_f = 0, all_gather = 0, backward_comm = 0;
   double forward = 0, backward = 0;                                          // whole stage, no LM head
   double head_f = 0;                                                         // LM head forward (last stage)
 };
-CpStageCost CostCpMicroBatch(const SimContext& ctx, const std::vector<int64_t>& docs, int c);
+CpStageCost CostCpMicroBatch(const SimContext& ctx, const std::vector<int64_t>& docs, int c, bool keeps_gathered_kv);
 
 // Runs micro-batches (document lists, one chunk each) on d = G / c
 // data-parallel replicas, replicas[r] listing the micro-batches of replica r
@@ -103,7 +105,8 @@ struct CadVariant {
   bool dummy_bubble_work = false;
   int extra_servers = 0;  // dedicated attention servers per stage
 };
-// Waves of G / c_min chunks, L / c_min tokens per rank.
+// Waves of G / c_min chunks, L / c_min tokens per rank (with micro_batches
+// = m: m waves, B L / (m G) tokens per rank).
 Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int c_min, const CadVariant& variant,
                    BatchOutcome* out);
 

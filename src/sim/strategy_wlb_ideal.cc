@@ -54,7 +54,7 @@ Status SimulateWlbIdeal(const SimContext& ctx, const std::vector<int64_t>& batch
   const std::vector<std::vector<int64_t>> micro_batches = WlbPack(batch, o.batch_size, L, 2 * L);
   std::vector<double> seconds;
   for (const auto& mb : micro_batches) {
-    const CpStageCost c = CostCpMicroBatch(ctx, mb, cp);
+    const CpStageCost c = CostCpMicroBatch(ctx, mb, cp, /*keeps_gathered_kv=*/true);
     seconds.push_back(c.forward + c.backward);
   }
   return RunContextParallel(ctx, micro_batches, AssignLpt(seconds, replicas), cp, /*keeps_gathered_kv=*/true, out);

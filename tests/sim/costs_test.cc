@@ -206,9 +206,9 @@ TEST(RankCostsTest, PhaseShares) {
   EXPECT_DOUBLE_EQ(k.DispatchShare(false), 256.0 / 400);
   // Backward: (2 * 128 + 2 * 16 + 128) / (416 + 128 + 256) = 0.52.
   EXPECT_DOUBLE_EQ(k.DispatchShare(true), 416.0 / 800);
-  // The largest of the four exchanges, the backward dispatch: 416 of
-  // 256 + 144 + 416 + 384 bytes.
-  EXPECT_DOUBLE_EQ(k.LargestExchangeShare(), 416.0 / 1200);
+  // One side of a rank's exchanges: dispatches 256 + 416 (the backward one
+  // 0.62 of them), returns 144 + 384 (the backward one 0.73): the larger.
+  EXPECT_DOUBLE_EQ(k.LargestExchangeShare(), 384.0 / 528);
   // Without recomputation the backward runs O projection + MLP (7/9 of the
   // FLOPs) before attention.
   EXPECT_DOUBLE_EQ(k.BackwardLinearFactor(), 2.0);

@@ -60,17 +60,18 @@ TEST(MegatronTest, ContextParallelPaysTheAllGather) {
   // One replica (d = 2 / 2) runs both chunks, one after the other, each
   // spread over the 2 ranks: 512 tokens each; the document's pairs halve, on
   // 256-row shards; the group spans 4 devices > 2 per node: the K/V of the
-  // chunk's 1024 tokens (128 B each) ring-gathered at 10 GB/s.
+  // chunk's 1024 tokens (128 B each) ring-gathered at 10 GB/s. Ring
+  // attention's backward passes the K/V once more besides the dK/dV.
   const double lin = k.LinearForward(512), head = k.HeadForward(512);
   const double ca = k.AttentionForwardCp(1024, 2);
   const double ag = 1e-5 + 1024.0 * 128 / 2 / (2 * 10e9);
-  const double micro_batch = 2 * (lin + ca + ag) + head + 2 * (2 * lin + 2.5 * ca + ag) + 2 * head;
+  const double micro_batch = 2 * (lin + ca + ag) + head + 2 * (2 * lin + 2.5 * ca + 2 * ag) + 2 * head;
   const double want = 2 * micro_batch;
   const SimResult r = SimulateOne(o, {{1024, 1024}}, SimStrategy::kMegatron);
   EXPECT_NEAR(r.iteration_s, want, want * kRel);
-  // Per micro-batch: gather forward + scatter backward, 2 layers, half the
-  // chunk's K/V to each rank.
-  EXPECT_DOUBLE_EQ(r.bytes_moved, 2 * (2.0 * 2 * 1024 * 128 * 1));
+  // Per micro-batch: gather forward, K/V again + dK/dV backward, 2 layers,
+  // half the chunk's K/V to each rank.
+  EXPECT_DOUBLE_EQ(r.bytes_moved, 2 * (3.0 * 2 * 1024 * 128 * 1));
   // Summed over the iteration's two micro-batches.
   EXPECT_NEAR(r.breakdown.forward_comm_s, 2 * ag, ag * kRel);
   EXPECT_EQ(r.cp, 2);
@@ -161,9 +162,10 @@ TEST(WlbBalanceTest, LightestBinThenEmptiestThenSetAside) {
 
 // Seconds of one micro-batch on one rank, pp 1, 2 layers: `tokens` of linear
 // work and forward attention `ca`.
-double MicroBatch(const sim::RankCosts& k, double tokens, double ca, double ag = 0) {
+// ag / bwd_comm: exposed CP communication per layer, forward / backward.
+double MicroBatch(const sim::RankCosts& k, double tokens, double ca, double ag = 0, double bwd_comm = 0) {
   return 2 * (k.LinearForward(tokens) + ca + ag) + k.HeadForward(tokens) +
-         2 * (2 * k.LinearForward(tokens) + 2.5 * ca + ag) + 2 * k.HeadForward(tokens);
+         2 * (2 * k.LinearForward(tokens) + 2.5 * ca + bwd_comm) + 2 * k.HeadForward(tokens);
 }
 
 TEST(WlbIdealTest, ArtifactMicroBatchesRebalanceEachMicroBatchOverTheReplicas) {
@@ -195,6 +197,22 @@ TEST(WlbIdealTest, ArtifactMicroBatchesRebalanceEachMicroBatchOverTheReplicas) {
   o.wlb_scope = WlbScope::kWholeBatchArtifactCap;
   r = SimulateOne(o, {{1024, 512, 512}}, SimStrategy::kWlbIdeal);
   EXPECT_NEAR(r.iteration_s, slow + small, (slow + small) * kRel);
+  // Scopes that disagree: {768, 768, 256, 256}. Per micro-batch: the groups
+  // {768} and {768, 256, 256}; the 768 of the second fits no replica's 640
+  // and is set aside, then joins replica 0's 256: replica 0 runs {768} and
+  // {256, 768}, replica 1 only {256}. The whole batch over 4 bins of 512:
+  // both 768s set aside, the 256s to bins 0 and 1, the 768s to bins 2 and 3:
+  // each replica runs {256} and {768}.
+  const auto ca = [&](int64_t len) { return k.AttentionForward(0, len); };
+  o.wlb_scope = WlbScope::kPerMicroBatch;
+  const double per = MicroBatch(k, 768, ca(768)) + MicroBatch(k, 1024, ca(256) + ca(768));
+  r = SimulateOne(o, {{768, 768, 256, 256}}, SimStrategy::kWlbIdeal);
+  EXPECT_NEAR(r.iteration_s, per, per * kRel);
+  o.wlb_scope = WlbScope::kWholeBatch;
+  const double whole = MicroBatch(k, 256, ca(256)) + MicroBatch(k, 768, ca(768));
+  r = SimulateOne(o, {{768, 768, 256, 256}}, SimStrategy::kWlbIdeal);
+  EXPECT_NEAR(r.iteration_s, whole, whole * kRel);
+  EXPECT_NEAR(r.idle_fraction, 0.0, 1e-12);
   WlbScope scope;
   ASSERT_TRUE(ParseWlbScope("whole-batch-artifact-cap", &scope).ok());
   EXPECT_EQ(scope, WlbScope::kWholeBatchArtifactCap);
@@ -209,9 +227,9 @@ TEST(MegatronTest, ArtifactMicroBatchesJoinAReplicasChunks) {
   const sim::RankCosts k(o.model, o.hardware, o.tp);
   // One replica, one micro-batch of both chunks (2048 tokens, 1024 per
   // rank); each document's pairs halve on 256-row shards; the ring gathers
-  // the K/V of 2048 tokens.
+  // the K/V of 2048 tokens, and twice in the backward pass (K/V, dK/dV).
   const double ag = 1e-5 + 2048.0 * 128 / 2 / (2 * 10e9);
-  const double want = MicroBatch(k, 1024, 2 * k.AttentionForwardCp(1024, 2), ag);
+  const double want = MicroBatch(k, 1024, 2 * k.AttentionForwardCp(1024, 2), ag, 2 * ag);
   const SimResult r = SimulateOne(o, {{1024, 1024}}, SimStrategy::kMegatron);
   EXPECT_NEAR(r.iteration_s, want, want * kRel);
 }
@@ -528,9 +546,11 @@ TEST(GridTest, PaperGridShapesAndCsv) {
   const std::string header = GridCsvHeader();
   SimResult r;
   r.strategy = SimStrategy::kDistcaPaper;
-  const std::string row = GridCsvRow(points[0], r);
+  const std::string row = GridCsvRow(points[0], r, WlbScope::kWholeBatch);
   EXPECT_EQ(std::count(header.begin(), header.end(), ','), std::count(row.begin(), row.end(), ','));
   EXPECT_NE(row.find(",distca-paper,"), std::string::npos);
+  // The last columns: micro-batches, MLP recomputation (128K: none), scope.
+  EXPECT_NE(row.find("," + std::to_string(points[0].micro_batches) + ",0,whole-batch\n"), std::string::npos);
   const std::string script = SpeedupPlotScript("g.csv", "s.png", "t", {SimStrategy::kWlbIdeal, SimStrategy::kDistca});
   EXPECT_NE(script.find("set output 's.png'"), std::string::npos);
   EXPECT_NE(script.find("every 2::1 using 11:xtic(1) title 'distca'"), std::string::npos);
