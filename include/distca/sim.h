@@ -93,11 +93,15 @@ Status ParseSimStrategies(std::string_view list, std::vector<SimStrategy>* strat
 // How wlb-ideal's balancer (the DistCA artifact's WLB-LLM reimplementation)
 // forms the m micro-batches of each of the d replicas.
 enum class WlbScope {
-  kPerMicroBatch,  // each micro-batch's documents over the d replicas, cap: their tokens / d
-  kWholeBatch,     // the whole batch over all d m micro-batches, cap: B L / (d m)
-  // As the artifact's pipeline benchmark calls it: the whole batch over d m
-  // micro-batches with a cap m times below a micro-batch's share, so that
-  // most documents are set aside and then placed by workload alone.
+  // Each micro-batch's documents over the d replicas, cap: their tokens / d
+  // (the artifact's 4D WLB benchmark, tests/test_wlb_e2e.py).
+  kPerMicroBatch,
+  // The whole batch over all d m micro-batches, cap: B L / (d m).
+  kWholeBatch,
+  // As the artifact's test_megatron_e2e_pipeline.py calls it: the whole
+  // batch over d m micro-batches with a cap m times below a micro-batch's
+  // share, so that most documents are set aside and then placed by workload
+  // alone.
   kWholeBatchArtifactCap,
 };
 const char* WlbScopeName(WlbScope scope);

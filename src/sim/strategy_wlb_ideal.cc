@@ -14,8 +14,9 @@
 //   WlbScope::kWholeBatch, the whole batch is repacked at once into d m bins
 //   of at most B L / (d m) tokens, bin i to replica i mod d; with
 //   kWholeBatchArtifactCap the same with the cap m times smaller, as the
-//   artifact's pipeline benchmark passes it. Its workload breakpoint is where a document's attention FLOPs equal
-//   its linear FLOPs, l = linear FLOPs per token / (2 D Hq): 53K tokens for
+//   artifact's test_megatron_e2e_pipeline.py passes it. The balancer's
+//   workload breakpoint is where a document's attention FLOPs equal its
+//   linear FLOPs, l = linear FLOPs per token / (2 D Hq): 53K tokens for
 //   Llama-3-8B, 84K for Llama-34B (the artifact's scripts set 64000 and
 //   131072 by hand).
 // The memory check (Simulate's CP sweep) sees the largest micro-batch.
