@@ -250,6 +250,8 @@ class ModelPass::Impl {
   float* LayerOutput(NanoState& s, int l) { return l + 1 < L_ ? s.layers[size_t(l) + 1].x.data() : s.x_out.data(); }
 
   Status CheckCall(const char* what, int l, int n, bool backward, int expected_call) const;
+  // Every nano-batch has made all 2 L of its forward (or backward) calls.
+  Status CheckPassDone(const char* what, bool backward) const;
 
   Transformer* model_;
   ModelConfig config_;
@@ -382,6 +384,17 @@ Status ModelPass::Impl::CheckCall(const char* what, int l, int n, bool backward,
   return Status::Ok();
 }
 
+Status ModelPass::Impl::CheckPassDone(const char* what, bool backward) const {
+  for (size_t n = 0; n < nanos_.size(); ++n) {
+    const int done = backward ? nanos_[n].backward_calls : nanos_[n].forward_calls;
+    if (done != 2 * L_) {
+      return Status::FailedPrecondition(fmt::format("ModelPass::{}: nano-batch {} has done {} of {} {} calls", what, n,
+                                                    done, 2 * L_, backward ? "backward" : "forward"));
+    }
+  }
+  return Status::Ok();
+}
+
 Status ModelPass::Impl::BeforeAttention(int l, int n, float* q, float* k, float* v) {
   DISTCA_RETURN_IF_ERROR(CheckCall("BeforeAttention", l, n, false, 2 * l));
   ScopedOmpThreads threads(threads_);
@@ -436,12 +449,7 @@ Status ModelPass::Impl::Loss(double* loss_sum, int64_t* targets) {
     return Status::InvalidArgument("ModelPass::Loss: loss_sum and targets must not be null");
   if (!began_) return Status::FailedPrecondition("ModelPass::Loss before Begin");
   if (loss_done_) return Status::FailedPrecondition("ModelPass::Loss called twice in one pass");
-  for (size_t n = 0; n < nanos_.size(); ++n) {
-    if (nanos_[n].forward_calls != 2 * L_) {
-      return Status::FailedPrecondition(fmt::format("ModelPass::Loss: nano-batch {} has done {} of {} forward calls", n,
-                                                    nanos_[n].forward_calls, 2 * L_));
-    }
-  }
+  DISTCA_RETURN_IF_ERROR(CheckPassDone("Loss", /*backward=*/false));
   ScopedOmpThreads threads(threads_);
   WallTimer timer;
   double sum = 0.0;
@@ -525,12 +533,7 @@ Status ModelPass::Impl::AfterAttentionBackward(int l, int n, const float* dq, co
 
 Status ModelPass::Impl::End() {
   if (!began_ || !loss_done_) return Status::FailedPrecondition("ModelPass::End before Begin and Loss");
-  for (size_t n = 0; n < nanos_.size(); ++n) {
-    if (nanos_[n].backward_calls != 2 * L_) {
-      return Status::FailedPrecondition(fmt::format("ModelPass::End: nano-batch {} has done {} of {} backward calls", n,
-                                                    nanos_[n].backward_calls, 2 * L_));
-    }
-  }
+  DISTCA_RETURN_IF_ERROR(CheckPassDone("End", /*backward=*/true));
   ScopedOmpThreads threads(threads_);
   WallTimer timer;
   for (NanoState& s : nanos_)

@@ -6,6 +6,16 @@
 #include "sim/strategy.h"
 
 namespace distca::sim {
+namespace {
+
+// WLB-LLM's cost of a document: (l/b)^2 + l/b, attention plus linear work in
+// units of a document of the breakpoint length b.
+double WlbCost(int64_t len, double breakpoint) {
+  const double x = double(len) / breakpoint;
+  return x * x + x;
+}
+
+}  // namespace
 
 std::vector<std::vector<int64_t>> CutIntoChunks(const std::vector<int64_t>& docs, int64_t tokens) {
   std::vector<std::vector<int64_t>> chunks(1);
@@ -37,10 +47,6 @@ std::vector<std::vector<int64_t>> SplitIntoWaves(const std::vector<int64_t>& doc
 }
 
 std::vector<std::vector<int64_t>> WlbPack(const std::vector<int64_t>& docs, int bins, int64_t chunk, int64_t cap) {
-  auto cost = [&](int64_t len) {
-    const double x = double(len) / double(chunk);
-    return x * x + x;
-  };
   std::vector<int> order(docs.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return docs[a] > docs[b]; });
@@ -55,7 +61,7 @@ std::vector<std::vector<int64_t>> WlbPack(const std::vector<int64_t>& docs, int 
     }
     if (best < 0) best = int(std::min_element(tokens.begin(), tokens.end()) - tokens.begin());
     out[best].push_back(docs[d]);
-    load[best] += cost(docs[d]);
+    load[best] += WlbCost(docs[d], double(chunk));
     tokens[best] += docs[d];
   }
   return out;
@@ -63,10 +69,6 @@ std::vector<std::vector<int64_t>> WlbPack(const std::vector<int64_t>& docs, int 
 
 std::vector<std::vector<int64_t>> WlbBalance(const std::vector<int64_t>& docs, int bins, int64_t cap,
                                              double breakpoint) {
-  auto workload = [&](int64_t len) {
-    const double x = double(len) / breakpoint;
-    return x * x + x;
-  };
   std::vector<int64_t> sorted = docs;
   std::stable_sort(sorted.begin(), sorted.end(), std::greater<>());
   std::vector<std::vector<int64_t>> out(bins);
@@ -74,7 +76,7 @@ std::vector<std::vector<int64_t>> WlbBalance(const std::vector<int64_t>& docs, i
   std::vector<int64_t> tokens(bins, 0);
   auto put = [&](int b, int64_t len) {
     out[b].push_back(len);
-    load[b] += workload(len);
+    load[b] += WlbCost(len, breakpoint);
     tokens[b] += len;
   };
   std::vector<int64_t> set_aside;

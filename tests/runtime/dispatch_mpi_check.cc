@@ -25,13 +25,7 @@ Status CheckCase(Comm& comm, const DispatchCase& c) {
     r.sent[p] = traffic[0];
     r.received[p] = traffic[1];
   }
-  Batch whole;
-  whole.shape = g.shape;
-  whole.tasks = g.whole;
-  whole.q = g.q;
-  whole.k = g.k;
-  whole.v = g.v;
-  whole.dout = g.dout;
+  const Batch whole = WholeBatch(g);
   ForwardResult ref;
   ref.out.assign(whole.QSize(), 0.0f);
   ref.lse.assign(whole.LseSize(), 0.0f);

@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "attn/attention_testing.h"
 #include "distca/attention.h"
 #include "distca/comm.h"
 #include "distca/plan.h"
@@ -54,6 +55,18 @@ inline GlobalBatch MakeGlobalBatch(const DispatchCase& c) {
   fill(g.v, g.shape.total_k * c.kv_heads * c.head_dim);
   fill(g.dout, g.shape.total_q * c.q_heads * c.head_dim);
   return g;
+}
+
+// The whole batch as one single-process attention problem (the oracle's input).
+inline Batch WholeBatch(const GlobalBatch& g) {
+  Batch b;
+  b.shape = g.shape;
+  b.tasks = g.whole;
+  b.q = g.q;
+  b.k = g.k;
+  b.v = g.v;
+  b.dout = g.dout;
+  return b;
 }
 
 struct DistributedResult {

@@ -68,13 +68,7 @@ TEST_P(DispatcherTest, EqualsSingleProcessAttention) {
   const GlobalBatch g = MakeGlobalBatch(c);
 
   // The oracle (double accumulation) and the naive fp32 baseline over the whole batch.
-  Batch whole;
-  whole.shape = g.shape;
-  whole.tasks = g.whole;
-  whole.q = g.q;
-  whole.k = g.k;
-  whole.v = g.v;
-  whole.dout = g.dout;
+  const Batch whole = WholeBatch(g);
   const ForwardResult ref = RunForward(whole, AttentionKernel::kReference, 1);
   const BackwardResult ref_grad = RunBackward(whole, ref, AttentionKernel::kReference, 1);
   ForwardResult naive;
