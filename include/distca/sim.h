@@ -27,11 +27,13 @@
 namespace distca {
 
 // A measured core-attention cost table for one head shape (optional in a
-// profile): seconds per task, forward + backward, one device, as
-// `distca-bench attention --table-out` writes it (CSV q_len,kv_len,seconds).
+// profile): seconds per task, forward + backward, one device running
+// q_heads x kv_heads heads, as `distca-bench attention --table-out` (CPU) or
+// bench/gpu/h200_attention_table.py (GPU) writes it (CSV q_len,kv_len,seconds).
 struct AttentionTable {
   std::string file;  // as written in the profile; relative to the profile's directory
-  int q_heads = 0, kv_heads = 0, head_dim = 0;  // the shape it was measured for
+  // The heads one device ran (a tensor-parallel rank's share of the model's).
+  int q_heads = 0, kv_heads = 0, head_dim = 0;
   // Multiplies the table's seconds: what the same kernel costs inside a
   // training step (copies, synchronization) beyond the benchmark. Default: 1
   double scale = 1.0;
@@ -56,10 +58,13 @@ struct HardwareProfile {
   // Backward / forward time of core attention (optional in the JSON).
   // Default: 2.5, the FLOP ratio (DESIGN.md section 3)
   double attention_backward_factor = 2.5;
-  // When set and the model's head shape matches, core attention is costed
-  // from this table (scaled) instead of the efficiency curve; the forward
-  // share of a task is 1 / (1 + attention_backward_factor).
-  std::optional<AttentionTable> attention_table;
+  // Measured tables (optional, JSON "attention_tables"). A rank that runs
+  // Hq / tp query and Hkv / tp K/V heads of head_dim D uses the table of
+  // exactly that shape, else one with the same D and query heads per K/V
+  // head, its seconds scaled by the ratio of query heads; with none, the
+  // efficiency curve. The forward share of a task is
+  // 1 / (1 + attention_backward_factor).
+  std::vector<AttentionTable> attention_tables;
   int dtype_bytes = 0;        // bytes per activation element
   double memory_bytes = 0.0;  // per device
   LinkProfile intra_node, inter_node;

@@ -29,10 +29,19 @@ RankCosts::RankCosts(const ModelConfig& m, const HardwareProfile& hw, int tp, bo
   const double fwd_out = q_row + kv_row, fwd_back = q_row + stat;
   const double bwd_out = 2 * q_row + 2 * stat + kv_row, bwd_back = q_row + 2 * h_kv * 4.0;
   dispatch_share_fwd_ = fwd_out / (fwd_out + fwd_back);
-  if (hw.attention_table && !hw.attention_table->csv.empty() && hw.attention_table->q_heads == m.q_heads &&
-      hw.attention_table->kv_heads == m.kv_heads && hw.attention_table->head_dim == m.head_dim()) {
-    CostModel table;
-    if (CostModel::FromTableCsv(hw.attention_table->csv, &table).ok()) table_ = std::move(table);
+  // The rank's heads: tensor parallelism splits them (K/V heads are
+  // replicated when there are fewer than tp).
+  const int rank_q = std::max(1, m.q_heads / tp), rank_kv = std::max(1, m.kv_heads / tp);
+  const AttentionTable* pick = nullptr;
+  for (const AttentionTable& t : hw.attention_tables) {
+    if (t.csv.empty() || t.head_dim != m.head_dim() || int64_t(rank_q) * t.kv_heads != int64_t(rank_kv) * t.q_heads)
+      continue;
+    if (pick == nullptr || t.q_heads == rank_q) pick = &t;
+  }
+  CostModel table;
+  if (pick != nullptr && CostModel::FromTableCsv(pick->csv, &table).ok()) {
+    table_ = std::move(table);
+    table_scale_ = pick->scale * double(rank_q) / pick->q_heads;
   }
   dispatch_share_bwd_ = bwd_out / (bwd_out + bwd_back);
   // A rank's sent (or received) bytes are one side of the four exchanges:
@@ -44,8 +53,7 @@ RankCosts::RankCosts(const ModelConfig& m, const HardwareProfile& hw, int tp, bo
 double RankCosts::AttentionForward(int64_t q_begin, int64_t q_end) const {
   if (q_end <= q_begin) return 0.0;
   if (table_)
-    return hw_.attention_table->scale * table_->TaskCost(q_begin, q_end) / (1.0 + hw_.attention_backward_factor) /
-           tp_;
+    return table_scale_ * table_->TaskCost(q_begin, q_end) / (1.0 + hw_.attention_backward_factor);
   const double flops = attention_flops_per_pair_ * double(CausalPairs(q_begin, q_end));
   return flops / (attention_peak_ * hw_.AttentionEfficiency(double(q_end - q_begin)));
 }

@@ -42,8 +42,9 @@ class RankCosts {
   double HeadForward(double tokens) const { return tokens * head_flops_per_token_ / linear_rate_; }
   // Core attention of query rows [q_begin, q_end) with KV [0, q_end), forward:
   // 4 * CausalPairs * D * Hq FLOPs at efficiency eff(q_end - q_begin), or,
-  // with a matching attention table, scale * table(q_len, kv_len = q_end) /
-  // (1 + attention_backward_factor) / tp.
+  // with a matching attention table (HardwareProfile::attention_tables),
+  // scale * table(q_len, kv_len = q_end) * (rank's query heads / table's) /
+  // (1 + attention_backward_factor).
   double AttentionForward(int64_t q_begin, int64_t q_end) const;
   // Whether the measured table is in use.
   bool measured_attention() const { return table_.has_value(); }
@@ -104,6 +105,7 @@ class RankCosts {
   // The profile's measured attention table when it matches the model's
   // head shape (else the efficiency curve is used).
   std::optional<CostModel> table_;
+  double table_scale_ = 1.0;  // the table's scale times the rank's query heads over the table's
   double linear_rate_, attention_peak_;  // FLOP/s of the rank
   double linear_flops_per_token_, head_flops_per_token_, attention_flops_per_pair_, backward_linear_factor_;
   double kv_bytes_per_token_, hidden_bytes_per_token_, activation_bytes_per_token_;

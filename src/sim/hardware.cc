@@ -73,20 +73,32 @@ Status Curve(const json& j, std::vector<std::pair<double, double>>* curve) {
   return Status::Ok();
 }
 
-Status Table(const json& j, std::optional<AttentionTable>* out) {
-  out->reset();
-  if (!j.contains("attention_table")) return Status::Ok();
-  const std::string where = "hardware profile: attention_table";
-  const json& t = j.at("attention_table");
-  if (!t.is_object() || !t.contains("file") || !t.at("file").is_string() || t.at("file").get<std::string>().empty())
-    return Status::InvalidArgument(where + " must be an object with a \"file\" name, q_heads, kv_heads, head_dim");
-  AttentionTable table;
-  table.file = t.at("file").get<std::string>();
-  DISTCA_RETURN_IF_ERROR(Integer(t, where, "q_heads", &table.q_heads));
-  DISTCA_RETURN_IF_ERROR(Integer(t, where, "kv_heads", &table.kv_heads));
-  DISTCA_RETURN_IF_ERROR(Integer(t, where, "head_dim", &table.head_dim));
-  if (t.contains("scale")) DISTCA_RETURN_IF_ERROR(Number(t, where, "scale", &table.scale));
-  *out = std::move(table);
+Status Tables(const json& j, std::vector<AttentionTable>* out) {
+  out->clear();
+  if (!j.contains("attention_tables")) return Status::Ok();
+  const json& list = j.at("attention_tables");
+  if (!list.is_array())
+    return Status::InvalidArgument("hardware profile: \"attention_tables\" must be an array of tables");
+  for (size_t i = 0; i < list.size(); ++i) {
+    const std::string where = fmt::format("hardware profile: attention_tables[{}]", i);
+    const json& t = list[i];
+    if (!t.is_object() || !t.contains("file") || !t.at("file").is_string() || t.at("file").get<std::string>().empty())
+      return Status::InvalidArgument(where + " must be an object with a \"file\" name, q_heads, kv_heads, head_dim");
+    AttentionTable table;
+    table.file = t.at("file").get<std::string>();
+    DISTCA_RETURN_IF_ERROR(Integer(t, where, "q_heads", &table.q_heads));
+    DISTCA_RETURN_IF_ERROR(Integer(t, where, "kv_heads", &table.kv_heads));
+    DISTCA_RETURN_IF_ERROR(Integer(t, where, "head_dim", &table.head_dim));
+    if (table.q_heads % table.kv_heads != 0)
+      return Status::InvalidArgument(fmt::format("{}: q_heads ({}) must be a multiple of kv_heads ({})", where,
+                                                 table.q_heads, table.kv_heads));
+    if (t.contains("scale")) DISTCA_RETURN_IF_ERROR(Number(t, where, "scale", &table.scale));
+    for (const AttentionTable& other : *out)
+      if (other.q_heads == table.q_heads && other.kv_heads == table.kv_heads && other.head_dim == table.head_dim)
+        return Status::InvalidArgument(fmt::format("{}: a second table for {} x {} heads of {}", where, table.q_heads,
+                                                   table.kv_heads, table.head_dim));
+    out->push_back(std::move(table));
+  }
   return Status::Ok();
 }
 
@@ -125,7 +137,7 @@ Status ParseHardwareProfile(std::string_view text, HardwareProfile* profile) {
       return Status::InvalidArgument(fmt::format("{}: \"attention_backward_factor\" must be at least 1, got {}", where,
                                                  p.attention_backward_factor));
   }
-  DISTCA_RETURN_IF_ERROR(Table(j, &p.attention_table));
+  DISTCA_RETURN_IF_ERROR(Tables(j, &p.attention_tables));
   DISTCA_RETURN_IF_ERROR(Integer(j, where, "dtype_bytes", &p.dtype_bytes));
   DISTCA_RETURN_IF_ERROR(Number(j, where, "memory_bytes", &p.memory_bytes));
   if (!j.contains("network") || !j.at("network").is_object())
@@ -145,10 +157,9 @@ Status LoadHardwareProfile(const std::string& path, HardwareProfile* profile) {
   DISTCA_RETURN_IF_ERROR(ReadTextFile(path, &text));
   HardwareProfile p;
   DISTCA_RETURN_IF_ERROR(ParseHardwareProfile(text, &p).WithContext(path));
-  if (p.attention_table) {
-    AttentionTable& t = *p.attention_table;
+  for (AttentionTable& t : p.attention_tables) {
     const std::filesystem::path file = std::filesystem::path(path).parent_path() / t.file;
-    DISTCA_RETURN_IF_ERROR(ReadTextFile(file.string(), &t.csv).WithContext(path + ": attention_table"));
+    DISTCA_RETURN_IF_ERROR(ReadTextFile(file.string(), &t.csv).WithContext(path + ": attention_tables"));
     CostModel check;
     DISTCA_RETURN_IF_ERROR(CostModel::FromTableCsv(t.csv, &check).WithContext(file.string()));
   }

@@ -184,15 +184,15 @@ Status ValidateSimOptions(const SimOptions& o) {
       !(h.intra_node.bandwidth > 0) || !(h.inter_node.bandwidth > 0) || h.attention_efficiency.empty() ||
       !(h.attention_backward_factor >= 1))
     return Status::InvalidArgument("hardware profile is incomplete (load one with LoadHardwareProfile)");
-  if (h.attention_table && h.attention_table->csv.empty())
-    return Status::InvalidArgument(fmt::format(
-        "hardware profile names the attention table '{}' but it was not read (load the profile with "
-        "LoadHardwareProfile)",
-        h.attention_table->file));
-  if (h.attention_table) {
+  for (const AttentionTable& t : h.attention_tables) {
+    if (t.csv.empty())
+      return Status::InvalidArgument(fmt::format(
+          "hardware profile names the attention table '{}' but it was not read (load the profile with "
+          "LoadHardwareProfile)",
+          t.file));
     CostModel table;
     DISTCA_RETURN_IF_ERROR(
-        CostModel::FromTableCsv(h.attention_table->csv, &table).WithContext("hardware profile's attention table"));
+        CostModel::FromTableCsv(t.csv, &table).WithContext(fmt::format("hardware profile's attention table '{}'", t.file)));
   }
   if (o.gpus <= 0 || o.tp <= 0 || o.pp <= 0)
     return Status::InvalidArgument(fmt::format("gpus ({}), tp ({}) and pp ({}) must be positive", o.gpus, o.tp, o.pp));

@@ -43,12 +43,20 @@ TEST(HardwareProfileTest, ShippedProfilesLoad) {
     EXPECT_FALSE(p.source.empty());
     if (std::string(name) == "cpu") {
       // The CA engine's measured table, for distca-train's `small` shape.
-      ASSERT_TRUE(p.attention_table.has_value());
-      EXPECT_FALSE(p.attention_table->csv.empty());
+      ASSERT_EQ(p.attention_tables.size(), 1u);
+      EXPECT_FALSE(p.attention_tables[0].csv.empty());
       ModelConfig small;
       ASSERT_TRUE(ModelPreset("small", &small).ok());
       EXPECT_TRUE(RankCosts(small, p, 1).measured_attention());
       EXPECT_FALSE(RankCosts(TestModel(), p, 1).measured_attention());  // another head shape: the curve
+    } else {
+      // FlashAttention-2 measured on an H200 for one TP-8 rank of each paper model.
+      ASSERT_EQ(p.attention_tables.size(), 2u);
+      for (const char* preset : {"llama3-8b", "llama-34b"}) {
+        ModelConfig m;
+        ASSERT_TRUE(ModelPreset(preset, &m).ok());
+        for (int tp : {4, 8}) EXPECT_TRUE(RankCosts(m, p, tp).measured_attention()) << preset << " tp " << tp;
+      }
     }
   }
 }
@@ -58,11 +66,13 @@ constexpr const char* kTableCsv = "q_len,kv_len,seconds\n128,128,1e-3\n128,1024,
 
 TEST(HardwareProfileTest, AttentionTableReplacesTheCurveForItsShape) {
   HardwareProfile p = TestProfile();
-  p.attention_table = AttentionTable{"t.csv", 4, 2, 16, 1.5, kTableCsv};
+  // Measured on a device running 4 x 2 heads; a tp-2 rank of the test model
+  // runs 2 x 1 (the same 2 query heads per K/V head): half the seconds.
+  p.attention_tables = {AttentionTable{"t.csv", 4, 2, 16, 1.5, kTableCsv}};
   const RankCosts k(TestModel(), p, 2);
   ASSERT_TRUE(k.measured_attention());
   // A whole 1024 document: the (1024, 1024) point, scaled, forward share
-  // 1 / (1 + 2.5), over tp 2.
+  // 1 / (1 + 2.5), times 2 / 4 query heads.
   EXPECT_NEAR(k.AttentionForward(0, 1024), 1.5 * 2e-2 / 3.5 / 2, kRel);
   // 128 rows with a 1024 prefix: the (128, 1024) point.
   EXPECT_NEAR(k.AttentionForward(896, 1024), 1.5 * 4e-3 / 3.5 / 2, kRel);
@@ -71,29 +81,53 @@ TEST(HardwareProfileTest, AttentionTableReplacesTheCurveForItsShape) {
   double total = 0;
   for (int i = 0; i < 4; ++i) total += k.AttentionForward(256 * i, 256 * (i + 1));
   EXPECT_NEAR(k.AttentionForwardCp(1024, 2), total / 2, kRel);
-  // Another head shape keeps the efficiency curve.
+  // Another group size (8 x 2 heads: 4 query heads per K/V head) keeps the
+  // efficiency curve.
   ModelConfig other = TestModel();
   other.q_heads = 8;
   other.hidden = 128;
   EXPECT_FALSE(RankCosts(other, p, 2).measured_attention());
+  // A table of the rank's own shape wins over a scaled one, listed before or after.
+  const AttentionTable own{"u.csv", 2, 1, 16, 1.0, "q_len,kv_len,seconds\n1024,1024,7e-3\n"};
+  for (bool own_first : {false, true}) {
+    p.attention_tables = {AttentionTable{"t.csv", 4, 2, 16, 1.5, kTableCsv}};
+    p.attention_tables.insert(own_first ? p.attention_tables.begin() : p.attention_tables.end(), own);
+    EXPECT_NEAR(RankCosts(TestModel(), p, 2).AttentionForward(0, 1024), 7e-3 / 3.5, kRel);
+  }
+  // Fewer K/V heads than tp ranks: K/V are replicated, each rank keeps one
+  // (test model at tp 4: 1 x 1 heads, another group size than the tables').
+  EXPECT_FALSE(RankCosts(TestModel(), p, 4).measured_attention());
+  p.attention_tables.push_back(AttentionTable{"v.csv", 1, 1, 16, 1.0, "q_len,kv_len,seconds\n1024,1024,3e-3\n"});
+  EXPECT_NEAR(RankCosts(TestModel(), p, 4).AttentionForward(0, 1024), 3e-3 / 3.5, kRel);
 }
 
 TEST(HardwareProfileTest, AttentionTableErrors) {
   std::string good = sim_test::kTestProfileJson;
   auto with_table = [&](const std::string& table) {
     std::string s = good;
-    s.replace(s.find("\"dtype_bytes\""), 0, "\"attention_table\": " + table + ", ");
+    s.replace(s.find("\"dtype_bytes\""), 0, "\"attention_tables\": [" + table + "], ");
     return s;
   };
   HardwareProfile p;
   ASSERT_TRUE(ParseHardwareProfile(
                   with_table(R"({"file": "t.csv", "q_heads": 4, "kv_heads": 2, "head_dim": 16, "scale": 2})"), &p)
                   .ok());
-  ASSERT_TRUE(p.attention_table.has_value());
-  EXPECT_EQ(p.attention_table->file, "t.csv");
-  EXPECT_DOUBLE_EQ(p.attention_table->scale, 2.0);
-  EXPECT_TRUE(p.attention_table->csv.empty());  // only LoadHardwareProfile reads the file
-  EXPECT_TRUE(Contains(ParseHardwareProfile(with_table(R"({"q_heads": 4})"), &p), "must be an object with a \"file\""));
+  ASSERT_EQ(p.attention_tables.size(), 1u);
+  EXPECT_EQ(p.attention_tables[0].file, "t.csv");
+  EXPECT_DOUBLE_EQ(p.attention_tables[0].scale, 2.0);
+  EXPECT_TRUE(p.attention_tables[0].csv.empty());  // only LoadHardwareProfile reads the file
+  EXPECT_TRUE(Contains(ParseHardwareProfile(with_table(R"({"q_heads": 4})"), &p),
+                       "attention_tables[0] must be an object with a \"file\""));
+  EXPECT_TRUE(
+      Contains(ParseHardwareProfile(with_table(R"({"file": "t.csv", "q_heads": 4, "kv_heads": 3, "head_dim": 16})"), &p),
+               "q_heads (4) must be a multiple of kv_heads (3)"));
+  const std::string one = R"({"file": "t.csv", "q_heads": 4, "kv_heads": 2, "head_dim": 16})";
+  EXPECT_TRUE(Contains(ParseHardwareProfile(with_table(one + ", " + one), &p), "attention_tables[1]: a second table"));
+  {
+    std::string s = good;
+    s.replace(s.find("\"dtype_bytes\""), 0, "\"attention_tables\": {\"file\": \"t.csv\"}, ");
+    EXPECT_TRUE(Contains(ParseHardwareProfile(s, &p), "\"attention_tables\" must be an array"));
+  }
   EXPECT_TRUE(Contains(
       ParseHardwareProfile(with_table(R"({"file": "t.csv", "q_heads": 4, "kv_heads": 2, "head_dim": 0})"), &p),
       "\"head_dim\" must be a positive integer"));
@@ -113,7 +147,7 @@ TEST(HardwareProfileTest, AttentionTableErrors) {
   EXPECT_TRUE(Contains(LoadHardwareProfile(dir + "/p.json", &p), "q_len <= kv_len"));
   ASSERT_TRUE(WriteTextFile(dir + "/t.csv", kTableCsv).ok());
   ASSERT_TRUE(LoadHardwareProfile(dir + "/p.json", &p).ok());
-  EXPECT_EQ(p.attention_table->csv, kTableCsv);
+  EXPECT_EQ(p.attention_tables[0].csv, kTableCsv);
   // A table named but never read is refused by the simulator.
   SimOptions o = sim_test::TestOptions();
   ASSERT_TRUE(ParseHardwareProfile(json, &o.hardware).ok());
