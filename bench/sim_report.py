@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""Runs distca-sim on the paper's grids, calibration point and ablations, and
+prints the tables and ranges that docs/simulator.md ("Results") and
+docs/performance.md ("Simulator") record, so that they can be regenerated
+after any change to the simulator or a hardware profile.
+
+Usage: bench/sim_report.py [--bin build/bin/distca-sim] [--hardware FILE] [--out DIR]
+Needs only python3 (Debian's); takes about a minute on 2 cores.
+"""
+import argparse
+import csv
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+PRETRAIN = ["--lengths", "data/doc-lengths-pretrain.json", "--upsample", "4", "--filter-ratio", "0.5"]
+K = 1024
+
+
+class Sim:
+    def __init__(self, binary, hardware):
+        self.binary, self.hardware = binary, hardware
+
+    def run(self, *args):
+        cmd = [self.binary, "--threads", "2", *PRETRAIN, *args]
+        if self.hardware:
+            cmd += ["--hardware", self.hardware]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            sys.exit(f"{' '.join(cmd)} failed:\n{done.stderr}")
+        return done.stdout
+
+    def json(self, *args):
+        """One dict per strategy (per eps with --tolerance-sweep)."""
+        return [json.loads(line) for line in self.run("--json", *args).splitlines() if line.startswith("{")]
+
+    def grid(self, which, out, *args):
+        start = time.perf_counter()
+        self.run("--paper-grid", which, "--out", out, *args)
+        seconds = time.perf_counter() - start
+        rows = list(csv.DictReader(open(os.path.join(out, f"grid_{which}.csv"))))
+        return rows, seconds
+
+
+def configs(rows):
+    """{config name: {strategy: row}} in grid order."""
+    out = {}
+    for r in rows:
+        out.setdefault(r["config"], {})[r["strategy"]] = r
+    return out
+
+
+def span(values):
+    return f"{min(values):.2f}-{max(values):.2f}" if values else "-"
+
+
+def in_range(values, lo, hi):
+    return sum(1 for v in values if lo - 5e-3 <= v <= hi + 5e-3)
+
+
+def grid_table(grid):
+    print("| config | B | wlb-ideal s (c, idle) | megatron (c) | distca-paper (eps, idle) | distca (eps, idle) |")
+    print("|---|---|---|---|---|---|")
+    for name, s in grid.items():
+        w, m, p, d = s["wlb-ideal"], s["megatron"], s["distca-paper"], s["distca"]
+        idle = lambda r: f"{100 * float(r['idle_fraction']):.1f}%"
+        cad = lambda r: f"{float(r['speedup']):.3f} ({float(r['tolerance_used']):.2f}, {idle(r)})"
+        print(f"| {name} | {w['batch_size']} | {float(w['iteration_s']):.2f} ({w['cp']}, {idle(w)}) | "
+              f"{float(m['speedup']):.3f} ({m['cp']}) | {cad(p)} | {cad(d)} |")
+
+
+def speedups(grid, strategy, model):
+    return [float(s[strategy]["speedup"]) for n, s in grid.items() if s[strategy]["model"] == model]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bin", default="build/bin/distca-sim")
+    ap.add_argument("--hardware", default="", help="profile (default: distca-sim's, h200-dgx)")
+    ap.add_argument("--out", default="", help="keep the grids' CSV and charts here")
+    a = ap.parse_args()
+    sim = Sim(a.bin, a.hardware)
+    out = a.out or tempfile.mkdtemp(prefix="sim-report-")
+
+    print("## Calibration point (8 nodes, 8B, 128K, CP 8; paper: CA 35 / 104 ms, linear 43-45 / 82-85, "
+          "all-gather 20-26, reduce-scatter 20, DistCA 1.13x)\n")
+    for batches in ("1", "30"):
+        res = sim.json("--gpus", "64", "--max-doc-len", str(128 * K), "--batch-size", "16", "--elongate", "2",
+                       "--cp", "8", "--batches", batches)
+        by = {r["strategy"]: r for r in res}
+        b = by["wlb-ideal"]["breakdown_per_layer_s"]
+        print(f"- {batches} batch(es): wlb-ideal CA fwd {1e3 * b['forward_attention']:.1f} / bwd "
+              f"{1e3 * b['backward_attention']:.1f} ms, linear {1e3 * b['forward_linear']:.1f} / "
+              f"{1e3 * b['backward_linear']:.1f}, all-gather {1e3 * b['forward_comm']:.1f}, reduce-scatter "
+              f"{1e3 * b['backward_comm']:.1f}; distca-paper {by['distca-paper']['speedup_over_wlb_ideal']:.3f}x, "
+              f"distca {by['distca']['speedup_over_wlb_ideal']:.3f}x")
+
+    grids = {}
+    for which, extra, title in [("3d", [], "3D"), ("4d", [], "4D, per-micro-batch WLB (default)"),
+                                ("4d", ["--wlb-scope", "whole-batch"], "4D, --wlb-scope whole-batch"),
+                                ("4d", ["--wlb-scope", "whole-batch-artifact-cap"],
+                                 "4D, --wlb-scope whole-batch-artifact-cap")]:
+        key = which + "".join(extra[1:])
+        rows, seconds = sim.grid(which, os.path.join(out, key), *extra)
+        grids[key] = configs(rows)
+        print(f"\n## {title} ({seconds:.1f} s)\n")
+        grid_table(grids[key])
+        for model, lo, hi in [("llama3-8b", 1.07 if which == "3d" else 1.15, 1.20 if which == "3d" else 1.30),
+                              ("llama-34b", 1.07 if which == "3d" else 0.0, 1.20 if which == "3d" else 1.15)]:
+            for strategy in ("distca-paper", "distca"):
+                v = speedups(grids[key], strategy, model)
+                print(f"- {model} {strategy}: {span(v)}x, {in_range(v, lo, hi)} of {len(v)} in {lo:.2f}-{hi:.2f}")
+
+    print("\n## distca vs distca-paper (same grid)\n")
+    for key in ("3d", "4d"):
+        g = grids[key].values()
+        ratio = lambda f: [float(s["distca"][f]) / float(s["distca-paper"][f]) for s in g
+                           if float(s["distca-paper"][f]) > 0]
+        speed = [float(s["distca"]["speedup"]) / float(s["distca-paper"]["speedup"]) for s in g]
+        print(f"- {key}: bytes {span(ratio('bytes_moved_gb'))}x, buffer {span(ratio('max_buffer_gb'))}x, "
+              f"speed {span(speed)}x ({sum(1 for v in speed if v > 1)} of {len(speed)} faster)")
+
+    print("\n## Ping-pong off (slowdown of the same strategy)\n")
+    for which in ("3d", "4d"):
+        rows, _ = sim.grid(which, os.path.join(out, which + "-no-ping-pong"), "--no-ping-pong",
+                           "--strategies", "distca-paper,distca")
+        off = configs(rows)
+        for strategy in ("distca-paper", "distca"):
+            slow = {n: float(off[n][strategy]["iteration_s"]) / float(grids[which][n][strategy]["iteration_s"]) - 1
+                    for n in off}
+            v = list(slow.values())
+            print(f"- {which} {strategy}: {100 * min(v):.1f}-{100 * max(v):.1f}% (median "
+                  f"{100 * statistics.median(v):.1f}%)")
+            if which == "3d" and strategy == "distca-paper":
+                abl = [slow[n] for n in slow if n.endswith(" 64") or n.endswith(" 128")]
+                print(f"  - the paper's ablation configurations (8 and 16 nodes): {100 * min(abl):.1f}-"
+                      f"{100 * max(abl):.1f}% (median {100 * statistics.median(abl):.1f}%), "
+                      f"{in_range(abl, 0.10, 0.17)} of {len(abl)} in 10-17%")
+                for n in slow:
+                    if n.endswith(" 64") or n.endswith(" 128"):
+                        print(f"    - {n}: {100 * slow[n]:.1f}%")
+
+    print("\n## Idle of variable-length chunking (8B, 512K, 8 nodes, B = 8; paper ~2 / 19.2 / 55.4%, DistCA 2.1%)\n")
+    for cp, dp in (("4", 2), ("2", 4), ("1", 8)):
+        res = {r["strategy"]: r for r in sim.json(
+            "--model", "llama3-8b", "--gpus", "64", "--max-doc-len", str(512 * K), "--batch-size", "8",
+            "--micro-batches", "1", "--recompute-mlp", "--elongate", "8", "--cp", cp,
+            "--strategies", "wlb-ideal,distca-paper,distca")}
+        print(f"- DP {dp}: wlb-ideal idle {100 * res['wlb-ideal']['idle_fraction']:.1f}%, distca-paper "
+              f"{100 * res['distca-paper']['idle_fraction']:.1f}%, distca {100 * res['distca']['idle_fraction']:.1f}%")
+
+    print("\n## Tolerance sweep (128K; 8B on 64 GPUs, B 8; 34B on 128 GPUs, B 4): iteration s / max buffer GB\n")
+    for model, gpus, b in (("llama3-8b", "64", "8"), ("llama-34b", "128", "4")):
+        res = sim.json("--model", model, "--gpus", gpus, "--batch-size", b, "--max-doc-len", str(128 * K),
+                       "--micro-batches", "1", "--elongate", "2", "--tolerance-sweep")
+        for strategy in ("distca-paper", "distca"):
+            pts = [f"{r['tolerance']:.2f}: {r['iteration_s']:.2f} / {r['max_buffer_bytes'] / 1e9:.2f}"
+                   for r in res if r["strategy"] == strategy]
+            print(f"- {model} {strategy}: " + ", ".join(pts))
+    print(f"\n(grids kept in {out})")
+
+
+if __name__ == "__main__":
+    main()
