@@ -10,7 +10,8 @@ under torch.nn.attention.varlen). Small tasks are packed many to one call, as a
 CAD attention server packs them, and the time is divided by their number.
 
 Runs on the device machine (`python3` there holds PyTorch); it is not part of the
-build or the tests. Usage: h200_attention_table.py OUTDIR
+build or the tests. Usage: h200_attention_table.py OUTDIR [NAME:HQ:HKV:D ...]
+(default shapes: one TP-8 rank of Llama-3-8B and of Llama-34B).
 """
 import json
 import math
@@ -171,11 +172,14 @@ def gemm_rates():
 
 def main():
     out_dir = sys.argv[1] if len(sys.argv) > 1 else "."
+    shapes = SHAPES
+    if len(sys.argv) > 2:
+        shapes = [(n, int(a), int(b), int(c)) for n, a, b, c in (x.split(":") for x in sys.argv[2:])]
     props = torch.cuda.get_device_properties(0)
     head = f"{props.name}, torch {torch.__version__}, FlashAttention-2 varlen (aten._flash_attention_forward/_backward), bf16"
     print(head, flush=True)
     summary = {"device": head, "shapes": {}}
-    for name, hq, hkv, d in SHAPES:
+    for name, hq, hkv, d in shapes:
         global REPEAT_KV
         try:
             err = check(hq, hkv, d)
@@ -208,6 +212,8 @@ def main():
             for q_len, kv_len, n, f, b, tf, tb in detail:
                 fh.write(f"{q_len},{kv_len},{n[0]},{n[1]},{f:.6e},{b:.6e},{tf:.1f},{tb:.1f}\n")
         summary["shapes"][name] = {"check_rel_error": err}
+    if shapes is not SHAPES:
+        return
     g = gemm_rates()
     summary["gemm_tflops"] = {str(k): v / 1e12 for k, v in g.items()}
     print("GEMM TFLOP/s (8B linear layers at TP 8, fwd+bwd):",
