@@ -196,6 +196,13 @@ Status ValidateSimOptions(const SimOptions& o) {
   }
   if (o.gpus <= 0 || o.tp <= 0 || o.pp <= 0)
     return Status::InvalidArgument(fmt::format("gpus ({}), tp ({}) and pp ({}) must be positive", o.gpus, o.tp, o.pp));
+  // Tensor parallelism splits the query heads; K/V heads are split too, or
+  // replicated when there are fewer of them than tp (as Megatron-LM allows).
+  if (o.model.q_heads % o.tp != 0 ||
+      (o.model.kv_heads % o.tp != 0 && (o.model.kv_heads > o.tp || o.tp % o.model.kv_heads != 0)))
+    return Status::InvalidArgument(
+        fmt::format("tp ({}) must divide the {} query heads and divide, or be a multiple of, the {} K/V heads", o.tp,
+                    o.model.q_heads, o.model.kv_heads));
   if (o.gpus % (o.tp * o.pp) != 0)
     return Status::InvalidArgument(
         fmt::format("gpus ({}) is not a multiple of tp x pp ({} x {} = {})", o.gpus, o.tp, o.pp, o.tp * o.pp));

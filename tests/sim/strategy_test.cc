@@ -476,6 +476,20 @@ TEST(SimulateTest, RejectsBadOptionsAndBatches) {
   o = TestOptions();
   o.cp = 3;
   EXPECT_TRUE(Contains(ValidateSimOptions(o), "cp (3) must divide"));
+  // Heads per tensor-parallel device: 4 query and 2 K/V heads.
+  o = TestOptions();
+  o.gpus = 6;
+  o.tp = 3;
+  EXPECT_TRUE(Contains(ValidateSimOptions(o), "tp (3) must divide the 4 query heads"));
+  o.gpus = 8;
+  o.tp = 4;  // one query head per device, the 2 K/V heads replicated twice
+  EXPECT_TRUE(ValidateSimOptions(o).ok());
+  o.model.q_heads = 6;
+  o.model.kv_heads = 3;
+  o.model.hidden = 96;
+  o.tp = 2;
+  o.gpus = 4;
+  EXPECT_TRUE(Contains(ValidateSimOptions(o), "or be a multiple of, the 3 K/V heads"));
   o = TestOptions();
   o.model.num_layers = 3;
   o.pp = 2;
