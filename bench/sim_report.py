@@ -5,7 +5,8 @@ docs/performance.md ("Simulator") record, so that they can be regenerated
 after any change to the simulator or a hardware profile.
 
 Usage: bench/sim_report.py [--bin build/bin/distca-sim] [--hardware FILE] [--out DIR]
-Needs only python3 (Debian's); takes about a minute on 2 cores.
+(relative paths are taken from the repository root). Needs only python3
+(Debian's) and a built distca-sim; takes about 20 s on 2 cores.
 """
 import argparse
 import csv
@@ -17,7 +18,9 @@ import sys
 import tempfile
 import time
 
-PRETRAIN = ["--lengths", "data/doc-lengths-pretrain.json", "--upsample", "4", "--filter-ratio", "0.5"]
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PRETRAIN = ["--lengths", os.path.join(ROOT, "data", "doc-lengths-pretrain.json"), "--upsample", "4",
+            "--filter-ratio", "0.5"]
 K = 1024
 
 
@@ -83,8 +86,9 @@ def main():
     ap.add_argument("--hardware", default="", help="profile (default: distca-sim's, h200-dgx)")
     ap.add_argument("--out", default="", help="keep the grids' CSV and charts here")
     a = ap.parse_args()
-    sim = Sim(a.bin, a.hardware)
-    out = a.out or tempfile.mkdtemp(prefix="sim-report-")
+    at_root = lambda p: p if not p or os.path.isabs(p) else os.path.join(ROOT, p)
+    sim = Sim(at_root(a.bin), at_root(a.hardware))
+    out = at_root(a.out) if a.out else tempfile.mkdtemp(prefix="sim-report-")
 
     print("## Calibration point (8 nodes, 8B, 128K, CP 8; paper: CA 35 / 104 ms, linear 43-45 / 82-85, "
           "all-gather 20-26, reduce-scatter 20, DistCA 1.13x)\n")

@@ -14,6 +14,7 @@ Usage: h200_plan_check.py TABLE.csv OUT.csv PLAN.json...
 """
 import bisect
 import json
+import re
 import statistics
 import sys
 
@@ -28,16 +29,27 @@ class Table:
     """The planner's CostModel::TableSeconds, on the CSV it reads."""
 
     def __init__(self, path):
-        pts = {}
+        pts, self.heads = {}, None
         for line in open(path):
             line = line.strip()
+            shape = re.search(r"(\d+) q heads, (\d+) kv heads, head_dim (\d+)", line) if line.startswith("#") else None
+            if shape:
+                self.heads = tuple(int(x) for x in shape.groups())
             if not line or line.startswith("#") or line.startswith("q_len"):
                 continue
             q, kv, s = line.split(",")
             pts[(float(q), float(kv))] = float(s)
+        if self.heads is None:
+            sys.exit(f"{path}: no '# ... N q heads, M kv heads, head_dim D' line (h200_attention_table.py writes one)")
         self.qs = sorted({q for q, _ in pts})
         self.kvs = sorted({kv for _, kv in pts})
-        self.s = {(q, kv): pts.get((q, kv), pts.get((kv, kv))) for q in self.qs for kv in self.kvs}
+        self.s = {}
+        for q in self.qs:
+            for kv in self.kvs:
+                s = pts.get((q, kv), pts.get((kv, kv)) if kv < q else None)
+                if s is None:
+                    sys.exit(f"{path}: not a full grid: no row for q_len {q:g}, kv_len {kv:g}")
+                self.s[(q, kv)] = s
 
     @staticmethod
     def bracket(grid, x):
@@ -113,6 +125,10 @@ def main():
     for path in plans:
         plan = json.load(open(path))
         m = plan["model"]
+        if (m["q_heads"], m["kv_heads"], m["head_dim"]) != table.heads:
+            sys.exit(f"{path}: planned for {m['q_heads']} x {m['kv_heads']} heads of {m['head_dim']}, the table was "
+                     f"measured for {table.heads[0]} x {table.heads[1]} of {table.heads[2]} (distca-plan --q-heads "
+                     f"--kv-heads --head-dim set the plan's)")
         servers = server_tasks(plan)
         meas, pred = {}, {}
         for s, tasks in sorted(servers.items()):
@@ -120,7 +136,7 @@ def main():
             pred[s] = sum(table.seconds(q, kv) for q, kv in tasks)
             rows.append((path.rsplit("/", 1)[-1], s, len(tasks), sum(q for q, _ in tasks), meas[s], pred[s]))
         mm, pm = statistics.mean(meas.values()), statistics.mean(pred.values())
-        worst = max(abs(meas[s] / pred[s] - 1) for s in meas if pred[s] > 0)
+        worst = max((abs(meas[s] / pred[s] - 1) for s in meas if pred[s] > 0), default=0.0)
         print(f"{path.rsplit('/', 1)[-1]:40s} {len(meas):7d} {max(meas.values()) / mm:13.3f} "
               f"{max(pred.values()) / pm:13.3f} {mm / pm:14.3f} {worst:11.1%}", flush=True)
     with open(out_csv, "w") as fh:

@@ -59,9 +59,10 @@ struct HardwareProfile {
   // Default: 2.5, the FLOP ratio (DESIGN.md section 3)
   double attention_backward_factor = 2.5;
   // Measured tables (optional, JSON "attention_tables"). A rank that runs
-  // Hq / tp query and Hkv / tp K/V heads of head_dim D uses the table of
-  // exactly that shape, else one with the same D and query heads per K/V
-  // head, its seconds scaled by the ratio of query heads; with none, the
+  // Hq / tp query and max(1, Hkv / tp) K/V heads of head_dim D uses, of the
+  // tables measured with D, the one of exactly that shape, else the one
+  // nearest in query heads per K/V head, then in query heads; its seconds
+  // are scaled by the ratio of query heads. With no table of D, the
   // efficiency curve. The forward share of a task is
   // 1 / (1 + attention_backward_factor).
   std::vector<AttentionTable> attention_tables;
@@ -117,10 +118,13 @@ struct SimOptions {
   ModelConfig model;         // required (ModelPreset + overrides)
   HardwareProfile hardware;  // required
   int gpus = 0;              // N, required; a multiple of tp * pp
-  int tp = 8;                // devices per rank. Default: 8
-  int pp = 1;                // pipeline stages; num_layers must be a multiple. Default: 1
-  int64_t max_doc_len = 0;   // L, tokens per chunk; required
-  int batch_size = 0;        // B chunks per iteration; required (see Simulate for divisibility)
+  // Devices per rank; divides the model's query heads, and divides its K/V
+  // heads or is a multiple of them (each device then holds a replica of
+  // one). Default: 8
+  int tp = 8;
+  int pp = 1;               // pipeline stages; num_layers must be a multiple. Default: 1
+  int64_t max_doc_len = 0;  // L, tokens per chunk; required
+  int batch_size = 0;       // B chunks per iteration; required (see Simulate for divisibility)
   // Baselines' CP degree (divides G; G / cp must divide B); 0 = the fastest
   // of a sweep among the degrees whose memory fits. Default: 0
   int cp = 0;
@@ -212,10 +216,10 @@ struct GridPoint {
   int gpus = 0, tp = 8, pp = 1;
   int64_t max_doc_len = 0;
   int batch_size = 0;
-  double elongate = 1.0;      // the Pretrain recipe's length multiplier for this L
-  int micro_batches = 0;      // SimOptions::micro_batches
+  double elongate = 1.0;       // the Pretrain recipe's length multiplier for this L
+  int micro_batches = 0;       // SimOptions::micro_batches
   bool recompute_mlp = false;  // SimOptions::recompute_mlp
-  std::string Label() const;  // e.g. "8B 128K 64"
+  std::string Label() const;   // e.g. "8B 128K 64"
 };
 
 // How the grid samples its workload and forms micro-batches.

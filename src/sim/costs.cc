@@ -1,13 +1,14 @@
 #include "sim/costs.h"
 
 #include <algorithm>
+#include <cmath>
+#include <tuple>
 
 #include "distca/plan.h"
 
 namespace distca::sim {
 
-RankCosts::RankCosts(const ModelConfig& m, const HardwareProfile& hw, int tp, bool recompute_mlp)
-    : hw_(hw), tp_(tp) {
+RankCosts::RankCosts(const ModelConfig& m, const HardwareProfile& hw, int tp, bool recompute_mlp) : hw_(hw), tp_(tp) {
   const double h = m.hidden;
   const double h_kv = double(m.kv_heads) * m.head_dim();
   linear_rate_ = tp * hw.peak_flops * hw.linear_mfu;
@@ -20,8 +21,7 @@ RankCosts::RankCosts(const ModelConfig& m, const HardwareProfile& hw, int tp, bo
   const double mlp_flops_per_token = 6 * h * m.ffn_hidden;
   backward_linear_factor_ =
       kBackwardLinearFactor + (recompute_mlp ? mlp_flops_per_token / linear_flops_per_token_ : 0.0);
-  activation_bytes_per_token_ =
-      (12 * h + 4 * h_kv + (recompute_mlp ? 0.0 : 6.0 * m.ffn_hidden)) * hw.dtype_bytes / 2.0;
+  activation_bytes_per_token_ = (12 * h + 4 * h_kv + (recompute_mlp ? 0.0 : 6.0 * m.ffn_hidden)) * hw.dtype_bytes / 2.0;
   pre_attention_share_ = (h + 2 * h_kv) / (2 * h + 2 * h_kv + 3.0 * m.ffn_hidden);
   const double q_row = double(m.q_heads) * m.head_dim() * hw.dtype_bytes;  // Q, O, dO, dQ
   const double kv_row = 2 * h_kv * hw.dtype_bytes;                         // K and V
@@ -30,14 +30,19 @@ RankCosts::RankCosts(const ModelConfig& m, const HardwareProfile& hw, int tp, bo
   const double bwd_out = 2 * q_row + 2 * stat + kv_row, bwd_back = q_row + 2 * h_kv * 4.0;
   dispatch_share_fwd_ = fwd_out / (fwd_out + fwd_back);
   // The rank's heads: tensor parallelism splits them (K/V heads are
-  // replicated when there are fewer than tp).
+  // replicated when there are fewer than tp). Of the tables with the
+  // model's head dimension, the rank's exact shape is best, then the
+  // nearest group size (query heads per K/V head), then the nearest number
+  // of query heads; ties go to the first listed.
   const int rank_q = std::max(1, m.q_heads / tp), rank_kv = std::max(1, m.kv_heads / tp);
+  const auto distance = [&](const AttentionTable& t) {
+    const bool exact = t.q_heads == rank_q && t.kv_heads == rank_kv;
+    const double group = std::abs(std::log2(double(t.q_heads) / t.kv_heads * rank_kv / rank_q));
+    return std::tuple(exact ? 0 : 1, group, std::abs(std::log2(double(t.q_heads) / rank_q)));
+  };
   const AttentionTable* pick = nullptr;
-  for (const AttentionTable& t : hw.attention_tables) {
-    if (t.csv.empty() || t.head_dim != m.head_dim() || int64_t(rank_q) * t.kv_heads != int64_t(rank_kv) * t.q_heads)
-      continue;
-    if (pick == nullptr || t.q_heads == rank_q) pick = &t;
-  }
+  for (const AttentionTable& t : hw.attention_tables)
+    if (!t.csv.empty() && t.head_dim == m.head_dim() && (pick == nullptr || distance(t) < distance(*pick))) pick = &t;
   CostModel table;
   if (pick != nullptr && CostModel::FromTableCsv(pick->csv, &table).ok()) {
     table_ = std::move(table);
@@ -52,8 +57,7 @@ RankCosts::RankCosts(const ModelConfig& m, const HardwareProfile& hw, int tp, bo
 
 double RankCosts::AttentionForward(int64_t q_begin, int64_t q_end) const {
   if (q_end <= q_begin) return 0.0;
-  if (table_)
-    return table_scale_ * table_->TaskCost(q_begin, q_end) / (1.0 + hw_.attention_backward_factor);
+  if (table_) return table_scale_ * table_->TaskCost(q_begin, q_end) / (1.0 + hw_.attention_backward_factor);
   const double flops = attention_flops_per_pair_ * double(CausalPairs(q_begin, q_end));
   return flops / (attention_peak_ * hw_.AttentionEfficiency(double(q_end - q_begin)));
 }

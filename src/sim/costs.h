@@ -102,10 +102,11 @@ class RankCosts {
  private:
   HardwareProfile hw_;
   int tp_;
-  // The profile's measured attention table when it matches the model's
-  // head shape (else the efficiency curve is used).
+  // The profile's measured attention table nearest to the rank's heads, with
+  // the model's head dimension (HardwareProfile::attention_tables); else the
+  // efficiency curve is used.
   std::optional<CostModel> table_;
-  double table_scale_ = 1.0;  // the table's scale times the rank's query heads over the table's
+  double table_scale_ = 1.0;             // the table's scale times the rank's query heads over the table's
   double linear_rate_, attention_peak_;  // FLOP/s of the rank
   double linear_flops_per_token_, head_flops_per_token_, attention_flops_per_pair_, backward_linear_factor_;
   double kv_bytes_per_token_, hidden_bytes_per_token_, activation_bytes_per_token_;

@@ -90,13 +90,17 @@ Status Tables(const json& j, std::vector<AttentionTable>* out) {
     DISTCA_RETURN_IF_ERROR(Integer(t, where, "kv_heads", &table.kv_heads));
     DISTCA_RETURN_IF_ERROR(Integer(t, where, "head_dim", &table.head_dim));
     if (table.q_heads % table.kv_heads != 0)
-      return Status::InvalidArgument(fmt::format("{}: q_heads ({}) must be a multiple of kv_heads ({})", where,
-                                                 table.q_heads, table.kv_heads));
+      return Status::InvalidArgument(
+          fmt::format("{}: q_heads ({}) must be a multiple of kv_heads ({})", where, table.q_heads, table.kv_heads));
     if (t.contains("scale")) DISTCA_RETURN_IF_ERROR(Number(t, where, "scale", &table.scale));
-    for (const AttentionTable& other : *out)
+    for (size_t k = 0; k < out->size(); ++k) {
+      const AttentionTable& other = (*out)[k];
       if (other.q_heads == table.q_heads && other.kv_heads == table.kv_heads && other.head_dim == table.head_dim)
-        return Status::InvalidArgument(fmt::format("{}: a second table for {} x {} heads of {}", where, table.q_heads,
-                                                   table.kv_heads, table.head_dim));
+        return Status::InvalidArgument(
+            fmt::format("{}: {} x {} heads of head_dim {} are already measured by "
+                        "attention_tables[{}]",
+                        where, table.q_heads, table.kv_heads, table.head_dim, k));
+    }
     out->push_back(std::move(table));
   }
   return Status::Ok();
@@ -157,9 +161,11 @@ Status LoadHardwareProfile(const std::string& path, HardwareProfile* profile) {
   DISTCA_RETURN_IF_ERROR(ReadTextFile(path, &text));
   HardwareProfile p;
   DISTCA_RETURN_IF_ERROR(ParseHardwareProfile(text, &p).WithContext(path));
-  for (AttentionTable& t : p.attention_tables) {
+  for (size_t i = 0; i < p.attention_tables.size(); ++i) {
+    AttentionTable& t = p.attention_tables[i];
     const std::filesystem::path file = std::filesystem::path(path).parent_path() / t.file;
-    DISTCA_RETURN_IF_ERROR(ReadTextFile(file.string(), &t.csv).WithContext(path + ": attention_tables"));
+    DISTCA_RETURN_IF_ERROR(
+        ReadTextFile(file.string(), &t.csv).WithContext(fmt::format("{}: attention_tables[{}]", path, i)));
     CostModel check;
     DISTCA_RETURN_IF_ERROR(CostModel::FromTableCsv(t.csv, &check).WithContext(file.string()));
   }

@@ -186,13 +186,13 @@ Status ValidateSimOptions(const SimOptions& o) {
     return Status::InvalidArgument("hardware profile is incomplete (load one with LoadHardwareProfile)");
   for (const AttentionTable& t : h.attention_tables) {
     if (t.csv.empty())
-      return Status::InvalidArgument(fmt::format(
-          "hardware profile names the attention table '{}' but it was not read (load the profile with "
-          "LoadHardwareProfile)",
-          t.file));
+      return Status::InvalidArgument(
+          fmt::format("hardware profile names the attention table '{}' but it was not read (load the profile with "
+                      "LoadHardwareProfile)",
+                      t.file));
     CostModel table;
-    DISTCA_RETURN_IF_ERROR(
-        CostModel::FromTableCsv(t.csv, &table).WithContext(fmt::format("hardware profile's attention table '{}'", t.file)));
+    DISTCA_RETURN_IF_ERROR(CostModel::FromTableCsv(t.csv, &table)
+                               .WithContext(fmt::format("hardware profile's attention table '{}'", t.file)));
   }
   if (o.gpus <= 0 || o.tp <= 0 || o.pp <= 0)
     return Status::InvalidArgument(fmt::format("gpus ({}), tp ({}) and pp ({}) must be positive", o.gpus, o.tp, o.pp));
@@ -316,10 +316,9 @@ Status Simulate(const SimOptions& options, const std::vector<std::vector<int64_t
     for (const SimResult& r : tried)
       if (r.memory_fits) pool.push_back(r);
     if (pool.empty()) {
-      const double least =
-          std::min_element(tried.begin(), tried.end(), [](const SimResult& a, const SimResult& b) {
-            return a.memory_max_bytes < b.memory_max_bytes;
-          })->memory_max_bytes;
+      const double least = std::min_element(tried.begin(), tried.end(), [](const SimResult& a, const SimResult& b) {
+                             return a.memory_max_bytes < b.memory_max_bytes;
+                           })->memory_max_bytes;
       for (const SimResult& r : tried)
         if (r.memory_max_bytes <= 1.01 * least) pool.push_back(r);
     }

@@ -3,6 +3,7 @@
 // attention peak 2e12 FLOP/s).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 
@@ -55,7 +56,11 @@ TEST(HardwareProfileTest, ShippedProfilesLoad) {
       for (const char* preset : {"llama3-8b", "llama-34b"}) {
         ModelConfig m;
         ASSERT_TRUE(ModelPreset(preset, &m).ok());
-        for (int tp : {4, 8}) EXPECT_TRUE(RankCosts(m, p, tp).measured_attention()) << preset << " tp " << tp;
+        // The table is one TP-8 rank's: a TP-4 rank runs twice the heads.
+        const RankCosts tp8(m, p, 8), tp4(m, p, 4);
+        ASSERT_TRUE(tp8.measured_attention()) << preset;
+        ASSERT_TRUE(tp4.measured_attention()) << preset;
+        EXPECT_NEAR(tp4.AttentionForward(0, 65536), 2 * tp8.AttentionForward(0, 65536), 1e-9) << preset;
       }
     }
   }
@@ -81,24 +86,42 @@ TEST(HardwareProfileTest, AttentionTableReplacesTheCurveForItsShape) {
   double total = 0;
   for (int i = 0; i < 4; ++i) total += k.AttentionForward(256 * i, 256 * (i + 1));
   EXPECT_NEAR(k.AttentionForwardCp(1024, 2), total / 2, kRel);
-  // Another group size (8 x 2 heads: 4 query heads per K/V head) keeps the
-  // efficiency curve.
+  // Another head dimension keeps the efficiency curve.
   ModelConfig other = TestModel();
+  other.hidden = 128;  // 4 heads of 32
+  EXPECT_FALSE(RankCosts(other, p, 2).measured_attention());
+  // Another group size (8 x 2 heads, a tp-2 rank runs 4 x 1) uses the table
+  // of the same head dimension, scaled by query heads: 4 / 4.
+  other = TestModel();
   other.q_heads = 8;
   other.hidden = 128;
-  EXPECT_FALSE(RankCosts(other, p, 2).measured_attention());
-  // A table of the rank's own shape wins over a scaled one, listed before or after.
-  const AttentionTable own{"u.csv", 2, 1, 16, 1.0, "q_len,kv_len,seconds\n1024,1024,7e-3\n"};
-  for (bool own_first : {false, true}) {
-    p.attention_tables = {AttentionTable{"t.csv", 4, 2, 16, 1.5, kTableCsv}};
-    p.attention_tables.insert(own_first ? p.attention_tables.begin() : p.attention_tables.end(), own);
-    EXPECT_NEAR(RankCosts(TestModel(), p, 2).AttentionForward(0, 1024), 7e-3 / 3.5, kRel);
+  ASSERT_EQ(other.head_dim(), 16);
+  EXPECT_NEAR(RankCosts(other, p, 2).AttentionForward(0, 1024), 1.5 * 2e-2 / 3.5, kRel);
+
+  // Of several tables, whatever their order: the rank's exact shape, else
+  // the nearest group size, else the nearest number of query heads.
+  const AttentionTable own{"own.csv", 2, 1, 16, 1.0, "q_len,kv_len,seconds\n1024,1024,7e-3\n"};
+  const AttentionTable group8{"g8.csv", 8, 1, 16, 1.0, "q_len,kv_len,seconds\n1024,1024,5e-3\n"};
+  const AttentionTable big{"big.csv", 8, 4, 16, 1.0, "q_len,kv_len,seconds\n1024,1024,3e-3\n"};
+  const AttentionTable wide{"wide.csv", 2, 1, 32, 1.0, "q_len,kv_len,seconds\n1024,1024,1e-3\n"};
+  auto forward = [&](std::vector<AttentionTable> tables, int tp, bool reversed) {
+    if (reversed) std::reverse(tables.begin(), tables.end());
+    p.attention_tables = tables;
+    return RankCosts(TestModel(), p, tp).AttentionForward(0, 1024);
+  };
+  for (bool reversed : {false, true}) {
+    // tp 2: the rank runs 2 x 1 heads.
+    EXPECT_NEAR(forward({group8, own, big, wide}, 2, reversed), 7e-3 / 3.5, kRel) << reversed;
+    // No exact shape: 8 x 4 has the rank's group size (2), 8 x 1 does not.
+    EXPECT_NEAR(forward({group8, big, wide}, 2, reversed), 3e-3 * 2 / 8 / 3.5, kRel) << reversed;
+    // Two of the same group size: the nearer in query heads (4 x 2 over 8 x 4).
+    EXPECT_NEAR(forward({big, AttentionTable{"t.csv", 4, 2, 16, 1.5, kTableCsv}}, 2, reversed),
+                1.5 * 2e-2 * 2 / 4 / 3.5, kRel)
+        << reversed;
+    // Fewer K/V heads than tp: K/V replicated, a tp-4 rank runs 1 x 1 heads;
+    // of 8 x 1 and 8 x 4, 8 x 4 is nearer in group size (2 against 8).
+    EXPECT_NEAR(forward({group8, big}, 4, reversed), 3e-3 / 8 / 3.5, kRel) << reversed;
   }
-  // Fewer K/V heads than tp ranks: K/V are replicated, each rank keeps one
-  // (test model at tp 4: 1 x 1 heads, another group size than the tables').
-  EXPECT_FALSE(RankCosts(TestModel(), p, 4).measured_attention());
-  p.attention_tables.push_back(AttentionTable{"v.csv", 1, 1, 16, 1.0, "q_len,kv_len,seconds\n1024,1024,3e-3\n"});
-  EXPECT_NEAR(RankCosts(TestModel(), p, 4).AttentionForward(0, 1024), 3e-3 / 3.5, kRel);
 }
 
 TEST(HardwareProfileTest, AttentionTableErrors) {
@@ -118,23 +141,24 @@ TEST(HardwareProfileTest, AttentionTableErrors) {
   EXPECT_TRUE(p.attention_tables[0].csv.empty());  // only LoadHardwareProfile reads the file
   EXPECT_TRUE(Contains(ParseHardwareProfile(with_table(R"({"q_heads": 4})"), &p),
                        "attention_tables[0] must be an object with a \"file\""));
-  EXPECT_TRUE(
-      Contains(ParseHardwareProfile(with_table(R"({"file": "t.csv", "q_heads": 4, "kv_heads": 3, "head_dim": 16})"), &p),
-               "q_heads (4) must be a multiple of kv_heads (3)"));
+  EXPECT_TRUE(Contains(
+      ParseHardwareProfile(with_table(R"({"file": "t.csv", "q_heads": 4, "kv_heads": 3, "head_dim": 16})"), &p),
+      "q_heads (4) must be a multiple of kv_heads (3)"));
   const std::string one = R"({"file": "t.csv", "q_heads": 4, "kv_heads": 2, "head_dim": 16})";
-  EXPECT_TRUE(Contains(ParseHardwareProfile(with_table(one + ", " + one), &p), "attention_tables[1]: a second table"));
+  EXPECT_TRUE(Contains(ParseHardwareProfile(with_table(one + ", " + one), &p),
+                       "attention_tables[1]: 4 x 2 heads of head_dim 16 are already measured by attention_tables[0]"));
   {
     std::string s = good;
     s.replace(s.find("\"dtype_bytes\""), 0, "\"attention_tables\": {\"file\": \"t.csv\"}, ");
     EXPECT_TRUE(Contains(ParseHardwareProfile(s, &p), "\"attention_tables\" must be an array"));
   }
-  EXPECT_TRUE(Contains(
-      ParseHardwareProfile(with_table(R"({"file": "t.csv", "q_heads": 4, "kv_heads": 2, "head_dim": 0})"), &p),
-      "\"head_dim\" must be a positive integer"));
-  EXPECT_TRUE(Contains(ParseHardwareProfile(
-                           with_table(R"({"file": "t.csv", "q_heads": 4, "kv_heads": 2, "head_dim": 16, "scale": -1})"),
-                           &p),
-                       "\"scale\" must be positive"));
+  EXPECT_TRUE(
+      Contains(ParseHardwareProfile(with_table(R"({"file": "t.csv", "q_heads": 4, "kv_heads": 2, "head_dim": 0})"), &p),
+               "\"head_dim\" must be a positive integer"));
+  EXPECT_TRUE(
+      Contains(ParseHardwareProfile(
+                   with_table(R"({"file": "t.csv", "q_heads": 4, "kv_heads": 2, "head_dim": 16, "scale": -1})"), &p),
+               "\"scale\" must be positive"));
 
   // Loading reads the table next to the profile and checks it.
   const std::string dir = ::testing::TempDir() + "/distca_table_profile";
@@ -193,7 +217,8 @@ TEST(HardwareProfileTest, ErrorsNameTheField) {
       "\"attention_backward_factor\" must be at least 1"));
   EXPECT_EQ(LoadHardwareProfile("/nonexistent/profile.json", &p).code(), StatusCode::kIoError);
   // network.all_to_all is optional; when given, CAD's all-to-all across nodes uses it.
-  const std::string a2a = replace("\"inter_node\": {", "\"all_to_all\": {\"bandwidth\": 5e9, \"latency_s\": 2e-5}, \"inter_node\": {");
+  const std::string a2a =
+      replace("\"inter_node\": {", "\"all_to_all\": {\"bandwidth\": 5e9, \"latency_s\": 2e-5}, \"inter_node\": {");
   ASSERT_TRUE(ParseHardwareProfile(a2a, &p).ok());
   ASSERT_TRUE(p.all_to_all.has_value());
   const RankCosts k(TestModel(), p, 2);
