@@ -157,6 +157,11 @@ Status BuildPlan(const std::vector<int64_t>& doc_lengths, const PlanOptions& opt
 // holds global tokens [r * T / R, (r + 1) * T / R) (counts differ by at most 1).
 Status LinearLayout(const std::vector<int64_t>& doc_lengths, int ranks, std::vector<PlanDocument>* documents);
 
+// Tasks of one document on one server whose query ranges touch, merged into
+// one ([a, b) and [b, c) become [a, c): the same causal pairs, and a varlen
+// kernel runs them as one range). Returned sorted by document, then q_begin.
+std::vector<PlanTask> MergeTouchingTasks(std::vector<PlanTask> tasks);
+
 // Loads and traffic of a plan, recomputed from its documents and tasks.
 Status ComputePlanStats(const Plan& plan, const CostModel& cost, PlanStats* stats);
 

@@ -250,6 +250,11 @@ class ModelPass::Impl {
   float* LayerOutput(NanoState& s, int l) { return l + 1 < L_ ? s.layers[size_t(l) + 1].x.data() : s.x_out.data(); }
 
   Status CheckCall(const char* what, int l, int n, bool backward, int expected_call) const;
+  // One layer callback of nano-batch n: checks the call's order (CheckCall),
+  // runs body(s, activations of layer l, its parameter offsets, rows) when
+  // the nano-batch has rows, counts the call and its linear time.
+  template <class Body>
+  Status LayerStep(const char* what, int l, int n, bool backward, int expected_call, Body&& body);
   // Every nano-batch has made all 2 L of its forward (or backward) calls.
   Status CheckPassDone(const char* what, bool backward) const;
 
@@ -384,6 +389,19 @@ Status ModelPass::Impl::CheckCall(const char* what, int l, int n, bool backward,
   return Status::Ok();
 }
 
+template <class Body>
+Status ModelPass::Impl::LayerStep(const char* what, int l, int n, bool backward, int expected_call, Body&& body) {
+  DISTCA_RETURN_IF_ERROR(CheckCall(what, l, n, backward, expected_call));
+  ScopedOmpThreads threads(threads_);
+  WallTimer timer;
+  NanoState& s = nanos_[size_t(n)];
+  const int64_t N = s.rows.size();
+  if (N > 0) DISTCA_RETURN_IF_ERROR(body(s, s.layers[size_t(l)], offsets_.layers[size_t(l)], N));
+  ++(backward ? s.backward_calls : s.forward_calls);
+  times.linear_seconds += timer.Seconds();
+  return Status::Ok();
+}
+
 Status ModelPass::Impl::CheckPassDone(const char* what, bool backward) const {
   for (size_t n = 0; n < nanos_.size(); ++n) {
     const int done = backward ? nanos_[n].backward_calls : nanos_[n].forward_calls;
@@ -396,52 +414,38 @@ Status ModelPass::Impl::CheckPassDone(const char* what, bool backward) const {
 }
 
 Status ModelPass::Impl::BeforeAttention(int l, int n, float* q, float* k, float* v) {
-  DISTCA_RETURN_IF_ERROR(CheckCall("BeforeAttention", l, n, false, 2 * l));
-  ScopedOmpThreads threads(threads_);
-  WallTimer timer;
-  NanoState& s = nanos_[size_t(n)];
-  const int64_t N = s.rows.size();
-  if (N > 0) {
-    LayerActivations& a = s.layers[size_t(l)];
-    const LayerOffsets& o = offsets_.layers[size_t(l)];
-    float* qkv = qkv_.data();
-    RmsNormForward(a.h.data(), a.attn_rstd.data(), a.x.data(), P(o.attn_norm), N, C_, config_.norm_eps);
-    DISTCA_RETURN_IF_ERROR(LinearForward(qkv, a.h.data(), P(o.wqkv), N, C_, qkv_dim_, false));
-    RopeForward(q, q_dim_, qkv, qkv_dim_, s.rope_cos.data(), s.rope_sin.data(), N, config_.q_heads, D_);
-    RopeForward(k, kv_dim_, qkv + q_dim_, qkv_dim_, s.rope_cos.data(), s.rope_sin.data(), N, config_.kv_heads, D_);
-    for (int64_t i = 0; i < N; ++i)
-      std::memcpy(v + i * kv_dim_, qkv + i * qkv_dim_ + q_dim_ + kv_dim_, sizeof(float) * size_t(kv_dim_));
-  }
-  ++s.forward_calls;
-  times.linear_seconds += timer.Seconds();
-  return Status::Ok();
+  return LayerStep(
+      "BeforeAttention", l, n, false, 2 * l,
+      [&](NanoState& s, LayerActivations& a, const LayerOffsets& o, int64_t N) -> Status {
+        float* qkv = qkv_.data();
+        RmsNormForward(a.h.data(), a.attn_rstd.data(), a.x.data(), P(o.attn_norm), N, C_, config_.norm_eps);
+        DISTCA_RETURN_IF_ERROR(LinearForward(qkv, a.h.data(), P(o.wqkv), N, C_, qkv_dim_, false));
+        RopeForward(q, q_dim_, qkv, qkv_dim_, s.rope_cos.data(), s.rope_sin.data(), N, config_.q_heads, D_);
+        RopeForward(k, kv_dim_, qkv + q_dim_, qkv_dim_, s.rope_cos.data(), s.rope_sin.data(), N, config_.kv_heads, D_);
+        for (int64_t i = 0; i < N; ++i)
+          std::memcpy(v + i * kv_dim_, qkv + i * qkv_dim_ + q_dim_ + kv_dim_, sizeof(float) * size_t(kv_dim_));
+        return Status::Ok();
+      });
 }
 
 Status ModelPass::Impl::AfterAttention(int l, int n, const float* out) {
-  DISTCA_RETURN_IF_ERROR(CheckCall("AfterAttention", l, n, false, 2 * l + 1));
-  ScopedOmpThreads threads(threads_);
-  WallTimer timer;
-  NanoState& s = nanos_[size_t(n)];
-  const int64_t N = s.rows.size();
-  if (N > 0) {
-    LayerActivations& a = s.layers[size_t(l)];
-    const LayerOffsets& o = offsets_.layers[size_t(l)];
-    const size_t nc = size_t(N) * C_;
-    std::memcpy(a.att.data(), out, sizeof(float) * size_t(N) * size_t(q_dim_));
-    // x_mid = x + att wo^T
-    std::memcpy(a.x_mid.data(), a.x.data(), sizeof(float) * nc);
-    DISTCA_RETURN_IF_ERROR(LinearForward(a.x_mid.data(), a.att.data(), P(o.wo), N, q_dim_, C_, true));
-    // x_next = x_mid + w_down(silu(g w_gate^T) * (g w_up^T))
-    RmsNormForward(a.g.data(), a.mlp_rstd.data(), a.x_mid.data(), P(o.mlp_norm), N, C_, config_.norm_eps);
-    DISTCA_RETURN_IF_ERROR(LinearForward(a.gate_up.data(), a.g.data(), P(o.w_gate_up), N, C_, 2 * F_, false));
-    SwiGluForward(act_.data(), a.gate_up.data(), N, F_);
-    float* x_next = LayerOutput(s, l);
-    std::memcpy(x_next, a.x_mid.data(), sizeof(float) * nc);
-    DISTCA_RETURN_IF_ERROR(LinearForward(x_next, act_.data(), P(o.w_down), N, F_, C_, true));
-  }
-  ++s.forward_calls;
-  times.linear_seconds += timer.Seconds();
-  return Status::Ok();
+  return LayerStep(
+      "AfterAttention", l, n, false, 2 * l + 1,
+      [&](NanoState& s, LayerActivations& a, const LayerOffsets& o, int64_t N) -> Status {
+        const size_t nc = size_t(N) * C_;
+        std::memcpy(a.att.data(), out, sizeof(float) * size_t(N) * size_t(q_dim_));
+        // x_mid = x + att wo^T
+        std::memcpy(a.x_mid.data(), a.x.data(), sizeof(float) * nc);
+        DISTCA_RETURN_IF_ERROR(LinearForward(a.x_mid.data(), a.att.data(), P(o.wo), N, q_dim_, C_, true));
+        // x_next = x_mid + w_down(silu(g w_gate^T) * (g w_up^T))
+        RmsNormForward(a.g.data(), a.mlp_rstd.data(), a.x_mid.data(), P(o.mlp_norm), N, C_, config_.norm_eps);
+        DISTCA_RETURN_IF_ERROR(LinearForward(a.gate_up.data(), a.g.data(), P(o.w_gate_up), N, C_, 2 * F_, false));
+        SwiGluForward(act_.data(), a.gate_up.data(), N, F_);
+        float* x_next = LayerOutput(s, l);
+        std::memcpy(x_next, a.x_mid.data(), sizeof(float) * nc);
+        DISTCA_RETURN_IF_ERROR(LinearForward(x_next, act_.data(), P(o.w_down), N, F_, C_, true));
+        return Status::Ok();
+      });
 }
 
 Status ModelPass::Impl::Loss(double* loss_sum, int64_t* targets) {
@@ -483,52 +487,40 @@ Status ModelPass::Impl::Loss(double* loss_sum, int64_t* targets) {
 }
 
 Status ModelPass::Impl::BeforeAttentionBackward(int l, int n, float* dout) {
-  DISTCA_RETURN_IF_ERROR(CheckCall("BeforeAttentionBackward", l, n, true, 2 * (L_ - 1 - l)));
-  ScopedOmpThreads threads(threads_);
-  WallTimer timer;
-  NanoState& s = nanos_[size_t(n)];
-  const int64_t N = s.rows.size();
-  if (N > 0) {
-    LayerActivations& a = s.layers[size_t(l)];
-    const LayerOffsets& o = offsets_.layers[size_t(l)];
-    float* d = s.dresid.data();  // dL/dx_{l+1} = dL/d(MLP output), also the residual path into x_mid
-    SwiGluForward(act_.data(), a.gate_up.data(), N, F_);
-    DISTCA_RETURN_IF_ERROR(LinearBackward(dact_.data(), G(o.w_down), d, act_.data(), P(o.w_down), N, F_, C_, false));
-    SwiGluBackward(dgate_up_.data(), dact_.data(), a.gate_up.data(), N, F_);
-    DISTCA_RETURN_IF_ERROR(LinearBackward(dnorm_.data(), G(o.w_gate_up), dgate_up_.data(), a.g.data(), P(o.w_gate_up),
-                                          N, C_, 2 * F_, false));
-    RmsNormBackward(d, G(o.mlp_norm), dnorm_.data(), a.x_mid.data(), P(o.mlp_norm), a.mlp_rstd.data(), N, C_);
-    // d is now dL/dx_mid = dL/d(att wo^T).
-    DISTCA_RETURN_IF_ERROR(LinearBackward(dout, G(o.wo), d, a.att.data(), P(o.wo), N, q_dim_, C_, false));
-  }
-  ++s.backward_calls;
-  times.linear_seconds += timer.Seconds();
-  return Status::Ok();
+  return LayerStep(
+      "BeforeAttentionBackward", l, n, true, 2 * (L_ - 1 - l),
+      [&](NanoState& s, LayerActivations& a, const LayerOffsets& o, int64_t N) -> Status {
+        float* d = s.dresid.data();  // dL/dx_{l+1} = dL/d(MLP output), also the residual path into x_mid
+        SwiGluForward(act_.data(), a.gate_up.data(), N, F_);
+        DISTCA_RETURN_IF_ERROR(
+            LinearBackward(dact_.data(), G(o.w_down), d, act_.data(), P(o.w_down), N, F_, C_, false));
+        SwiGluBackward(dgate_up_.data(), dact_.data(), a.gate_up.data(), N, F_);
+        DISTCA_RETURN_IF_ERROR(LinearBackward(dnorm_.data(), G(o.w_gate_up), dgate_up_.data(), a.g.data(),
+                                              P(o.w_gate_up), N, C_, 2 * F_, false));
+        RmsNormBackward(d, G(o.mlp_norm), dnorm_.data(), a.x_mid.data(), P(o.mlp_norm), a.mlp_rstd.data(), N, C_);
+        // d is now dL/dx_mid = dL/d(att wo^T).
+        DISTCA_RETURN_IF_ERROR(LinearBackward(dout, G(o.wo), d, a.att.data(), P(o.wo), N, q_dim_, C_, false));
+        return Status::Ok();
+      });
 }
 
 Status ModelPass::Impl::AfterAttentionBackward(int l, int n, const float* dq, const float* dk, const float* dv) {
-  DISTCA_RETURN_IF_ERROR(CheckCall("AfterAttentionBackward", l, n, true, 2 * (L_ - 1 - l) + 1));
-  ScopedOmpThreads threads(threads_);
-  WallTimer timer;
-  NanoState& s = nanos_[size_t(n)];
-  const int64_t N = s.rows.size();
-  if (N > 0) {
-    LayerActivations& a = s.layers[size_t(l)];
-    const LayerOffsets& o = offsets_.layers[size_t(l)];
-    float* dqkv = qkv_.data();  // (N, qkv_dim): gradients w.r.t. the pre-RoPE projections
-    RopeBackward(dqkv, qkv_dim_, dq, q_dim_, s.rope_cos.data(), s.rope_sin.data(), N, config_.q_heads, D_);
-    RopeBackward(dqkv + q_dim_, qkv_dim_, dk, kv_dim_, s.rope_cos.data(), s.rope_sin.data(), N, config_.kv_heads, D_);
-    for (int64_t i = 0; i < N; ++i)
-      std::memcpy(dqkv + i * qkv_dim_ + q_dim_ + kv_dim_, dv + i * kv_dim_, sizeof(float) * size_t(kv_dim_));
-    DISTCA_RETURN_IF_ERROR(
-        LinearBackward(dnorm_.data(), G(o.wqkv), dqkv, a.h.data(), P(o.wqkv), N, C_, qkv_dim_, false));
-    // dresid: dL/dx_mid -> dL/dx_l (residual plus the attention branch).
-    RmsNormBackward(s.dresid.data(), G(o.attn_norm), dnorm_.data(), a.x.data(), P(o.attn_norm), a.attn_rstd.data(), N,
-                    C_);
-  }
-  ++s.backward_calls;
-  times.linear_seconds += timer.Seconds();
-  return Status::Ok();
+  return LayerStep(
+      "AfterAttentionBackward", l, n, true, 2 * (L_ - 1 - l) + 1,
+      [&](NanoState& s, LayerActivations& a, const LayerOffsets& o, int64_t N) -> Status {
+        float* dqkv = qkv_.data();  // (N, qkv_dim): gradients w.r.t. the pre-RoPE projections
+        RopeBackward(dqkv, qkv_dim_, dq, q_dim_, s.rope_cos.data(), s.rope_sin.data(), N, config_.q_heads, D_);
+        RopeBackward(dqkv + q_dim_, qkv_dim_, dk, kv_dim_, s.rope_cos.data(), s.rope_sin.data(), N, config_.kv_heads,
+                     D_);
+        for (int64_t i = 0; i < N; ++i)
+          std::memcpy(dqkv + i * qkv_dim_ + q_dim_ + kv_dim_, dv + i * kv_dim_, sizeof(float) * size_t(kv_dim_));
+        DISTCA_RETURN_IF_ERROR(
+            LinearBackward(dnorm_.data(), G(o.wqkv), dqkv, a.h.data(), P(o.wqkv), N, C_, qkv_dim_, false));
+        // dresid: dL/dx_mid -> dL/dx_l (residual plus the attention branch).
+        RmsNormBackward(s.dresid.data(), G(o.attn_norm), dnorm_.data(), a.x.data(), P(o.attn_norm), a.attn_rstd.data(),
+                        N, C_);
+        return Status::Ok();
+      });
 }
 
 Status ModelPass::Impl::End() {

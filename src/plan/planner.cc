@@ -137,4 +137,19 @@ Status BuildPlan(const std::vector<int64_t>& doc_lengths, const PlanOptions& o, 
   return Status::Ok();
 }
 
+std::vector<PlanTask> MergeTouchingTasks(std::vector<PlanTask> tasks) {
+  std::sort(tasks.begin(), tasks.end(), [](const PlanTask& a, const PlanTask& b) {
+    return a.doc != b.doc ? a.doc < b.doc : a.q_begin < b.q_begin;
+  });
+  std::vector<PlanTask> merged;
+  for (const PlanTask& t : tasks) {
+    if (!merged.empty() && merged.back().doc == t.doc && merged.back().server == t.server &&
+        merged.back().q_end == t.q_begin)
+      merged.back().q_end = t.q_end;
+    else
+      merged.push_back(t);
+  }
+  return merged;
+}
+
 }  // namespace distca

@@ -480,18 +480,7 @@ Status DistcaPlanner::Run(double eps, std::vector<double>* loads) {
   std::vector<PlanTask>& tasks = plan_.tasks;
   tasks.erase(std::remove_if(tasks.begin(), tasks.end(), [](const PlanTask& t) { return t.q_begin >= t.q_end; }),
               tasks.end());
-  std::sort(tasks.begin(), tasks.end(), [](const PlanTask& a, const PlanTask& b) {
-    return a.doc != b.doc ? a.doc < b.doc : a.q_begin < b.q_begin;
-  });
-  std::vector<PlanTask> merged;
-  for (const PlanTask& t : tasks) {
-    if (!merged.empty() && merged.back().doc == t.doc && merged.back().server == t.server &&
-        merged.back().q_end == t.q_begin)
-      merged.back().q_end = t.q_end;
-    else
-      merged.push_back(t);
-  }
-  tasks = std::move(merged);
+  tasks = MergeTouchingTasks(std::move(tasks));
   // Loads of the final tasks (a fallback packing may have replaced the
   // greedy's, and merged measured costs are not sums of their parts).
   load_.assign(servers_, 0.0);

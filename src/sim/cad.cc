@@ -27,24 +27,6 @@ struct NanoCost {
   double forward_share = 0;            // forward bytes / all bytes
 };
 
-// Tasks of one document on one server whose query ranges touch, merged: the
-// server's varlen kernel runs [a, b) and [b, c) as the one range [a, c) (same
-// causal pairs), so efficiency follows the merged length.
-std::vector<PlanTask> MergeContiguous(std::vector<PlanTask> tasks) {
-  std::sort(tasks.begin(), tasks.end(), [](const PlanTask& x, const PlanTask& y) {
-    return x.server != y.server ? x.server < y.server : (x.doc != y.doc ? x.doc < y.doc : x.q_begin < y.q_begin);
-  });
-  std::vector<PlanTask> merged;
-  for (const PlanTask& t : tasks) {
-    if (!merged.empty() && merged.back().server == t.server && merged.back().doc == t.doc &&
-        merged.back().q_end == t.q_begin)
-      merged.back().q_end = t.q_end;
-    else
-      merged.push_back(t);
-  }
-  return merged;
-}
-
 int64_t Sum(const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), int64_t{0}); }
 
 }  // namespace
@@ -159,7 +141,9 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
       c.received.assign(total_ranks, 0.0);
       for (const PlanDocument& d : plan.documents)
         for (const PlanPiece& p : d.pieces) c.tokens[phys[p.rank]] += double(p.end - p.begin);
-      for (const PlanTask& t : MergeContiguous(plan.tasks))
+      // The server's varlen kernel runs touching tasks of a document as one
+      // range, so efficiency follows the merged length.
+      for (const PlanTask& t : MergeTouchingTasks(plan.tasks))
         c.attention[phys[t.server]] += k.AttentionForward(t.q_begin, t.q_end);
       const PlanTraffic& tr = plan.stats.traffic;
       for (size_t sv = 0; sv < phys.size(); ++sv) {
