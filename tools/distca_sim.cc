@@ -17,6 +17,7 @@
 #include "distca/model.h"
 #include "distca/sim.h"
 #include "distca/workload.h"
+#include "model_flags.h"
 
 namespace {
 
@@ -30,8 +31,7 @@ int Fail(const std::string& message) {
 }
 
 struct Args {
-  std::string preset = "llama3-8b";
-  std::optional<int> num_layers, hidden, heads, groups, ffn, vocab;
+  distca::cli::ModelFlags model{"llama3-8b"};
   std::string hardware = "configs/hardware/h200-dgx.json";
   std::string lengths, docs_file, strategies = "wlb-ideal,megatron,distca-paper,distca";
   std::string paper_grid, out_dir, wlb_scope = "per-micro-batch";
@@ -236,13 +236,7 @@ int main(int argc, char** argv) {
   SimOptions& o = a.sim;
   const auto pos = distca::cli::kPositive;
   const auto nonneg = distca::cli::kNonNegative;
-  app.add_option("--model", a.preset, "preset: llama3-8b, llama-34b, small, tiny (Default: llama3-8b)");
-  app.add_option("--num-layers", a.num_layers, "override the preset's layers")->check(pos);
-  app.add_option("--hidden-size", a.hidden, "override the hidden size")->check(pos);
-  app.add_option("--num-attention-heads", a.heads, "override the query heads")->check(pos);
-  app.add_option("--num-query-groups", a.groups, "override the KV heads (GQA groups)")->check(pos);
-  app.add_option("--ffn-hidden-size", a.ffn, "override the MLP width")->check(pos);
-  app.add_option("--vocab-size", a.vocab, "override the vocabulary")->check(pos);
+  a.model.Add(app, "preset: llama3-8b, llama-34b, small, tiny (Default: llama3-8b)", "override the vocabulary");
   app.add_option("--hardware", a.hardware, "hardware profile JSON (Default: configs/hardware/h200-dgx.json)");
   app.add_option("--gpus", o.gpus, "devices N (a multiple of tp x pp)")->check(pos);
   app.add_option("--tp", o.tp, "tensor parallelism: devices per rank (Default: 8)")->check(pos);
@@ -298,14 +292,8 @@ int main(int argc, char** argv) {
   app.add_flag("--tolerance-sweep", a.tolerance_sweep, "CAD time and buffer at eps 0, 0.05, 0.1, 0.2, 0.4");
   CLI11_PARSE(app, argc, argv);
 
-  Status s = distca::ModelPreset(a.preset, &o.model);
+  Status s = a.model.Resolve(&o.model);
   if (!s.ok()) return Fail(s.message());
-  if (a.num_layers) o.model.num_layers = *a.num_layers;
-  if (a.hidden) o.model.hidden = *a.hidden;
-  if (a.heads) o.model.q_heads = *a.heads;
-  if (a.groups) o.model.kv_heads = *a.groups;
-  if (a.ffn) o.model.ffn_hidden = *a.ffn;
-  if (a.vocab) o.model.vocab_size = *a.vocab;
   o.ping_pong = !a.no_ping_pong;
   s = distca::ParseWlbScope(a.wlb_scope, &o.wlb_scope);
   if (!s.ok()) return Fail(s.message());

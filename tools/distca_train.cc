@@ -21,6 +21,7 @@
 #include "common/cli_checks.h"
 #include "common/timer.h"
 #include "distca/train.h"
+#include "model_flags.h"
 
 namespace {
 
@@ -32,9 +33,9 @@ int Fail(const std::string& message) {
 }
 
 struct Args {
-  std::string preset = "small", data, data_glob, docs_file, attention = "cad", policy = "distca";
+  distca::cli::ModelFlags model{"small"};
+  std::string data, data_glob, docs_file, attention = "cad", policy = "distca";
   std::string backward = "stateless", ping_pong = "on", trace_file, json_log;
-  std::optional<int> num_layers, hidden, heads, groups, ffn, vocab;
   std::optional<int> ranks;
   bool compare = false;
   distca::TrainOptions train;
@@ -154,13 +155,8 @@ int main(int argc, char** argv) {
   distca::TrainOptions& t = a.train;
   const auto pos = distca::cli::kPositive;
   const auto nonneg = distca::cli::kNonNegative;
-  app.add_option("--model", a.preset, "preset: tiny, small, llama3-8b, llama-34b (Default: small)");
-  app.add_option("--num-layers", a.num_layers, "override the preset's layers")->check(pos);
-  app.add_option("--hidden-size", a.hidden, "override the hidden size")->check(pos);
-  app.add_option("--num-attention-heads", a.heads, "override the query heads")->check(pos);
-  app.add_option("--num-query-groups", a.groups, "override the KV heads (GQA groups)")->check(pos);
-  app.add_option("--ffn-hidden-size", a.ffn, "override the MLP width")->check(pos);
-  app.add_option("--vocab-size", a.vocab, "override the vocabulary (Default: 256, bytes)")->check(pos);
+  a.model.Add(app, "preset: tiny, small, llama3-8b, llama-34b (Default: small)",
+              "override the vocabulary (Default: 256, bytes)");
   app.add_option("--data", a.data, "text:DIR, indexed:PREFIX or synthetic:LENGTHS.json");
   app.add_option("--data-glob", a.data_glob, "text: only files whose relative path matches (e.g. '*.h')");
   app.add_option("--docs-file", a.docs_file, "JSON {\"batches\": [[len, ...], ...]}: step i uses batch i's lengths")
@@ -201,14 +197,8 @@ int main(int argc, char** argv) {
   app.add_option("--json-log", a.json_log, "append one JSON object per step to this file");
   CLI11_PARSE(app, argc, argv);
 
-  Status s = distca::ModelPreset(a.preset, &t.model);
+  Status s = a.model.Resolve(&t.model);
   if (!s.ok()) return Fail(s.message());
-  if (a.num_layers) t.model.num_layers = *a.num_layers;
-  if (a.hidden) t.model.hidden = *a.hidden;
-  if (a.heads) t.model.q_heads = *a.heads;
-  if (a.groups) t.model.kv_heads = *a.groups;
-  if (a.ffn) t.model.ffn_hidden = *a.ffn;
-  if (a.vocab) t.model.vocab_size = *a.vocab;
   if (a.data.empty() == a.docs_file.empty()) return Fail("give exactly one of --data and --docs-file");
   t.data.spec = a.data;
   t.data.glob = a.data_glob;

@@ -1,9 +1,10 @@
 // Core attention disaggregation, costed from real plans (docs/simulator.md,
 // "CAD"). The batch's documents, whole and in order, form m = B c / G waves
 // of about G / c chunks, laid out over the G ranks (L / c tokens each; c is
-// c_min), or, with micro_batches set, m waves of B L / (m G) tokens per rank. Ticks follow the aligned pipeline schedule: m + P - 1 forward
-// ticks, in which stage s holds wave k - s, then as many backward ticks (stage
-// s holds wave k - (P - 1 - s)); a backward tick pools the same waves as the
+// c_min), or, with micro_batches set, m waves of B L / (m G) tokens per
+// rank. Ticks follow the aligned pipeline schedule: m + P - 1 forward ticks,
+// in which stage s holds wave k - s, then as many backward ticks (stage s
+// holds wave k - (P - 1 - s)); a backward tick pools the same waves as the
 // forward tick of the same index, so it reuses its plans. With P = 1 a tick
 // is a wave. In every tick the core attention of all active stages is pooled
 // and planned over all ranks: those of idle stages (and any dedicated servers)
