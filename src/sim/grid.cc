@@ -80,7 +80,8 @@ std::string GridCsvHeader() {
 }
 
 std::string GridCsvRow(const GridPoint& p, const SimResult& r, WlbScope wlb_scope) {
-  return fmt::format("{},{},{},{},{},{},{},{},{:.6f},{:.1f},{:.4f},{:.4f},{:.3f},{:.3f},{},{:.3f},{:.4f},{},{:.3f},{},{},{}\n",
+  return fmt::format("{},{},{},{},{},{},{},{},{:.6f},{:.1f},{:.4f},{:.4f},{:.3f},{:.3f},{},{:.3f},{:.4f},{},{:.3f},"
+                     "{},{},{}\n",
                      p.Label(), p.model, p.gpus, p.tp, p.pp, p.max_doc_len, p.batch_size, SimStrategyName(r.strategy),
                      r.iteration_s, r.tokens_per_s, r.speedup, r.idle_fraction, r.memory_max_bytes * 1e-9,
                      r.memory_mean_bytes * 1e-9, r.memory_fits ? 1 : 0, r.bytes_moved * 1e-9, r.max_buffer_bytes * 1e-9,
