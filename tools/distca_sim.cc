@@ -123,28 +123,6 @@ void PrintTable(const std::vector<SimResult>& results, bool breakdown) {
   }
 }
 
-// --docs-file: every batch is one iteration's global batch of T tokens; the
-// ranks hold T / G tokens each (as distca-train's --tokens-per-rank default),
-// i.e. one chunk of L = T / G per rank: B = G.
-Status DocsFileShape(const std::vector<std::vector<int64_t>>& batches, int ranks, SimOptions* o) {
-  if (ranks <= 0) return Status::InvalidArgument("gpus must be a positive multiple of tp x pp");
-  int64_t total = -1;
-  for (size_t b = 0; b < batches.size(); ++b) {
-    int64_t t = 0;
-    for (int64_t len : batches[b]) t += len;
-    if (total >= 0 && t != total)
-      return Status::InvalidArgument(
-          fmt::format("batches[{}] holds {} tokens, batches[0] {}: every batch must hold the same total", b, t, total));
-    total = t;
-  }
-  if (total % ranks != 0)
-    return Status::InvalidArgument(
-        fmt::format("the batch total {} is not a multiple of the {} ranks per stage (gpus / (tp x pp))", total, ranks));
-  o->max_doc_len = total / ranks;
-  o->batch_size = ranks;
-  return Status::Ok();
-}
-
 // --paper-grid: every grid point, all strategies; CSV and a chart.
 int RunGrid(const Args& a, const std::vector<int64_t>& pool, const std::vector<distca::SimStrategy>& strategies) {
   if (a.out_dir.empty()) return Fail("--paper-grid needs --out DIR");
@@ -320,7 +298,7 @@ int main(int argc, char** argv) {
     if (!s.ok()) return Fail(s.message());
     s = distca::ReadBatchesFile(a.docs_file, &batches);
     if (!s.ok()) return Fail(s.message());
-    s = DocsFileShape(batches, o.gpus / (o.tp * o.pp), &o);
+    s = distca::ShapeFromBatches(batches, &o);
     if (!s.ok()) return Fail(fmt::format("{}: {}", a.docs_file, s.message()));
     s = distca::ValidateSimOptions(o);
     if (!s.ok()) return Fail(s.message());

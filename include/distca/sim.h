@@ -83,6 +83,9 @@ struct HardwareProfile {
 // and checks the table file.
 Status ParseHardwareProfile(std::string_view json, HardwareProfile* profile);
 Status LoadHardwareProfile(const std::string& path, HardwareProfile* profile);
+// The profile as ParseHardwareProfile reads it (tables by file name; their
+// csv is not written).
+std::string HardwareProfileJson(const HardwareProfile& profile);
 
 enum class SimStrategy {
   kWlbIdeal,     // variable-length packing + per-document CP, best CP by sweep
@@ -207,6 +210,43 @@ Status ValidateSimOptions(const SimOptions& options);
 // power of two dividing G is a CP degree, and B L >= m G is required.
 Status Simulate(const SimOptions& options, const std::vector<std::vector<int64_t>>& batches,
                 const std::vector<SimStrategy>& strategies, std::vector<SimResult>* results);
+
+// Fixed batches (distca-train's --docs-file): every batch is one iteration's
+// global batch of T tokens, the same T for all; the G = gpus / (tp * pp)
+// ranks of a stage hold T / G tokens each, i.e. one chunk of L = T / G per
+// rank: sets max_doc_len = T / G and batch_size = G. Errors name the batch
+// whose total differs, or a T that G does not divide.
+Status ShapeFromBatches(const std::vector<std::vector<int64_t>>& batches, SimOptions* options);
+
+// ---------------------------------------------------------------------------
+// Calibrating a profile against measured training steps (distca-bench
+// profile, docs/simulator.md "Measuring a profile").
+
+// One measured step of distca-train --attention colocated: its batch and the
+// slowest rank's wall time.
+struct MeasuredStep {
+  std::vector<int64_t> lengths;
+  double step_s = 0;
+};
+
+struct ProfileFit {
+  double linear_mfu = 0;  // fitted
+  // Fitted factor on core attention's time: multiplies every attention
+  // table's scale and divides the efficiency curve.
+  double attention_factor = 0;
+  std::vector<double> predicted_s;  // per step, with the fitted profile
+  double max_relative_error = 0;    // |predicted / measured - 1|, largest over steps
+};
+
+// Fits options->hardware's linear_mfu and attention level so that the
+// simulator's colocated prediction of each step (ShapeFromBatches on the
+// step's batch; options gives model, gpus, tp, pp and the rest) matches the
+// measured times, least squares in relative error. A colocated step costs
+// c + u a + s b exactly (u: linear time's multiplier, s: attention's, c:
+// transfers), so three simulations per step give a, b, c. Needs at least two
+// steps whose attention shares differ; fails (naming why) when the fit is
+// degenerate or gives a linear MFU outside (0, 1] or an efficiency above 1.
+Status FitColocatedSteps(const std::vector<MeasuredStep>& steps, SimOptions* options, ProfileFit* fit);
 
 // ---------------------------------------------------------------------------
 // The paper-style grid (docs/simulator.md, "Grid").

@@ -156,6 +156,36 @@ Status ParseHardwareProfile(std::string_view text, HardwareProfile* profile) {
   return Status::Ok();
 }
 
+std::string HardwareProfileJson(const HardwareProfile& p) {
+  nlohmann::ordered_json j;
+  j["name"] = p.name;
+  j["source"] = p.source;
+  j["gpus_per_node"] = p.gpus_per_node;
+  j["peak_flops"] = p.peak_flops;
+  j["linear_mfu"] = p.linear_mfu;
+  j["attention_efficiency"] = nlohmann::ordered_json::array();
+  for (const auto& [q, f] : p.attention_efficiency) j["attention_efficiency"].push_back({q, f});
+  j["attention_backward_factor"] = p.attention_backward_factor;
+  if (!p.attention_tables.empty()) {
+    j["attention_tables"] = nlohmann::ordered_json::array();
+    for (const AttentionTable& t : p.attention_tables)
+      j["attention_tables"].push_back({{"file", t.file},
+                                       {"q_heads", t.q_heads},
+                                       {"kv_heads", t.kv_heads},
+                                       {"head_dim", t.head_dim},
+                                       {"scale", t.scale}});
+  }
+  j["dtype_bytes"] = p.dtype_bytes;
+  j["memory_bytes"] = p.memory_bytes;
+  auto link = [](const LinkProfile& l) {
+    return nlohmann::ordered_json{{"bandwidth", l.bandwidth}, {"latency_s", l.latency_s}};
+  };
+  j["network"]["intra_node"] = link(p.intra_node);
+  j["network"]["inter_node"] = link(p.inter_node);
+  if (p.all_to_all) j["network"]["all_to_all"] = link(*p.all_to_all);
+  return j.dump(2) + "\n";
+}
+
 Status LoadHardwareProfile(const std::string& path, HardwareProfile* profile) {
   std::string text;
   DISTCA_RETURN_IF_ERROR(ReadTextFile(path, &text));

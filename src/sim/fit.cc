@@ -1,0 +1,127 @@
+// Fixed batches as the simulator's shape, and fitting a profile's linear MFU
+// and attention level to measured colocated training steps.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "distca/sim.h"
+
+namespace distca {
+namespace {
+
+// Every table's scale times f, the efficiency curve divided by f: core
+// attention's time, whichever of them serves the model, times f.
+void ScaleAttention(double f, HardwareProfile* hw) {
+  for (AttentionTable& t : hw->attention_tables) t.scale *= f;
+  for (auto& point : hw->attention_efficiency) point.second /= f;
+}
+
+// The colocated strategy's predicted iteration of one batch.
+Status ColocatedSeconds(const SimOptions& options, const std::vector<int64_t>& batch, double* seconds) {
+  std::vector<SimResult> r;
+  DISTCA_RETURN_IF_ERROR(Simulate(options, {batch}, {SimStrategy::kColocated}, &r));
+  *seconds = r.at(0).iteration_s;
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status ShapeFromBatches(const std::vector<std::vector<int64_t>>& batches, SimOptions* o) {
+  if (o == nullptr) return Status::InvalidArgument("options is null");
+  if (o->tp <= 0 || o->pp <= 0 || o->gpus <= 0 || o->gpus % (o->tp * o->pp) != 0)
+    return Status::InvalidArgument(
+        fmt::format("gpus ({}) must be a positive multiple of tp x pp ({} x {})", o->gpus, o->tp, o->pp));
+  if (batches.empty()) return Status::InvalidArgument("no batches");
+  const int ranks = o->gpus / (o->tp * o->pp);
+  int64_t total = -1;
+  for (size_t b = 0; b < batches.size(); ++b) {
+    int64_t t = 0;
+    for (int64_t len : batches[b]) t += len;
+    if (total >= 0 && t != total)
+      return Status::InvalidArgument(
+          fmt::format("batches[{}] holds {} tokens, batches[0] {}: every batch must hold the same total", b, t, total));
+    total = t;
+  }
+  if (total <= 0 || total % ranks != 0)
+    return Status::InvalidArgument(
+        fmt::format("the batch total {} is not a positive multiple of the {} ranks per stage (gpus / (tp x pp))",
+                    total, ranks));
+  o->max_doc_len = total / ranks;
+  o->batch_size = ranks;
+  return Status::Ok();
+}
+
+Status FitColocatedSteps(const std::vector<MeasuredStep>& steps, SimOptions* options, ProfileFit* fit) {
+  if (options == nullptr || fit == nullptr) return Status::InvalidArgument("options and fit must not be null");
+  if (steps.size() < 2)
+    return Status::InvalidArgument(
+        fmt::format("fitting two constants needs at least two measured steps, got {}", steps.size()));
+  // Per step: seconds(u, s) = c + u a + s b, u multiplying the linear time
+  // (u = mfu0 / mfu) and s the attention time; a, b, c from three runs.
+  struct Terms {
+    double a, b, c, measured;
+  };
+  std::vector<Terms> terms;
+  const HardwareProfile base = options->hardware;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const MeasuredStep& step = steps[i];
+    if (!(step.step_s > 0) || !std::isfinite(step.step_s))
+      return Status::InvalidArgument(fmt::format("step {}: measured time must be positive, got {}", i, step.step_s));
+    SimOptions o = *options;
+    DISTCA_RETURN_IF_ERROR(ShapeFromBatches({step.lengths}, &o).WithContext(fmt::format("step {}", i)));
+    double t11 = 0, t21 = 0, t12 = 0;
+    DISTCA_RETURN_IF_ERROR(ColocatedSeconds(o, step.lengths, &t11).WithContext(fmt::format("step {}", i)));
+    o.hardware.linear_mfu = base.linear_mfu / 2;  // linear time x 2
+    DISTCA_RETURN_IF_ERROR(ColocatedSeconds(o, step.lengths, &t21));
+    o.hardware = base;
+    ScaleAttention(2.0, &o.hardware);
+    DISTCA_RETURN_IF_ERROR(ColocatedSeconds(o, step.lengths, &t12));
+    const double a = t21 - t11, b = t12 - t11;
+    terms.push_back({a, b, t11 - a - b, step.step_s});
+  }
+  // Least squares in relative error: rows (a, b) / m, right side (m - c) / m.
+  double saa = 0, sab = 0, sbb = 0, sar = 0, sbr = 0;
+  for (const Terms& t : terms) {
+    const double x = t.a / t.measured, y = t.b / t.measured, r = (t.measured - t.c) / t.measured;
+    saa += x * x;
+    sab += x * y;
+    sbb += y * y;
+    sar += x * r;
+    sbr += y * r;
+  }
+  const double det = saa * sbb - sab * sab;
+  if (!(det > 1e-9 * saa * sbb))
+    return Status::InvalidArgument(
+        "the measured steps do not tell linear from attention time apart (their attention shares are too alike)");
+  const double u = (sar * sbb - sbr * sab) / det, s = (saa * sbr - sab * sar) / det;
+  if (!(u > 0) || !(s > 0))
+    return Status::InvalidArgument(fmt::format(
+        "the fit gives a non-positive {} time multiplier ({}): the measured steps are not explained by the model",
+        u > 0 ? "attention" : "linear", u > 0 ? s : u));
+  HardwareProfile fitted = base;
+  fitted.linear_mfu = base.linear_mfu / u;
+  ScaleAttention(s, &fitted);
+  if (fitted.linear_mfu > 1)
+    return Status::InvalidArgument(
+        fmt::format("the fitted linear MFU {:.3f} exceeds 1: is peak_flops ({:.4g}) too low?", fitted.linear_mfu,
+                    fitted.peak_flops));
+  for (const auto& [q, f] : fitted.attention_efficiency)
+    if (f > 1)
+      return Status::InvalidArgument(fmt::format(
+          "the fitted attention efficiency at {} query rows is {:.3f}, above 1: is peak_flops ({:.4g}) too low?", q, f,
+          fitted.peak_flops));
+  ProfileFit out;
+  out.linear_mfu = fitted.linear_mfu;
+  out.attention_factor = s;
+  for (const Terms& t : terms) {
+    const double p = t.c + u * t.a + s * t.b;
+    out.predicted_s.push_back(p);
+    out.max_relative_error = std::max(out.max_relative_error, std::abs(p / t.measured - 1));
+  }
+  options->hardware = std::move(fitted);
+  *fit = std::move(out);
+  return Status::Ok();
+}
+
+}  // namespace distca

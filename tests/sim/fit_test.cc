@@ -1,0 +1,146 @@
+// Profile JSON round trip, fixed-batch shapes, and fitting a profile to
+// measured colocated steps: steps "measured" by the simulator itself under
+// known constants must give those constants back.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "common/file_util.h"
+#include "sim_test_util.h"
+
+namespace distca {
+namespace {
+
+using sim_test::TestModel;
+using sim_test::TestProfile;
+
+bool Contains(const Status& s, const std::string& needle) { return s.message().find(needle) != std::string::npos; }
+
+TEST(ProfileJsonTest, RoundTripsEveryField) {
+  HardwareProfile p = TestProfile();
+  p.attention_backward_factor = 3.25;
+  p.all_to_all = LinkProfile{7e9, 2e-5};
+  p.attention_tables.push_back({"t.csv", 4, 2, 16, 1.5, "ignored"});
+  HardwareProfile q;
+  const Status s = ParseHardwareProfile(HardwareProfileJson(p), &q);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(q.name, p.name);
+  EXPECT_EQ(q.source, p.source);
+  EXPECT_EQ(q.gpus_per_node, p.gpus_per_node);
+  EXPECT_EQ(q.peak_flops, p.peak_flops);
+  EXPECT_EQ(q.linear_mfu, p.linear_mfu);
+  EXPECT_EQ(q.attention_efficiency, p.attention_efficiency);
+  EXPECT_EQ(q.attention_backward_factor, 3.25);
+  ASSERT_EQ(q.attention_tables.size(), 1u);
+  EXPECT_EQ(q.attention_tables[0].file, "t.csv");
+  EXPECT_EQ(q.attention_tables[0].q_heads, 4);
+  EXPECT_EQ(q.attention_tables[0].kv_heads, 2);
+  EXPECT_EQ(q.attention_tables[0].head_dim, 16);
+  EXPECT_EQ(q.attention_tables[0].scale, 1.5);
+  EXPECT_TRUE(q.attention_tables[0].csv.empty());
+  EXPECT_EQ(q.dtype_bytes, p.dtype_bytes);
+  EXPECT_EQ(q.memory_bytes, p.memory_bytes);
+  EXPECT_EQ(q.intra_node.bandwidth, p.intra_node.bandwidth);
+  EXPECT_EQ(q.inter_node.latency_s, p.inter_node.latency_s);
+  ASSERT_TRUE(q.all_to_all.has_value());
+  EXPECT_EQ(q.all_to_all->bandwidth, 7e9);
+  p.all_to_all.reset();
+  ASSERT_TRUE(ParseHardwareProfile(HardwareProfileJson(p), &q).ok());
+  EXPECT_FALSE(q.all_to_all.has_value());
+}
+
+TEST(ShapeFromBatchesTest, TokensPerRankAreTheBatchOverTheRanks) {
+  SimOptions o = sim_test::TestOptions();  // 4 devices, tp 2: 2 ranks
+  ASSERT_TRUE(ShapeFromBatches({{1000, 24}, {512, 512}}, &o).ok());
+  EXPECT_EQ(o.max_doc_len, 512);
+  EXPECT_EQ(o.batch_size, 2);
+  EXPECT_TRUE(Contains(ShapeFromBatches({{1000, 24}, {512}}, &o), "batches[1] holds 512 tokens, batches[0] 1024"));
+  EXPECT_TRUE(Contains(ShapeFromBatches({{7}}, &o), "7 is not a positive multiple of the 2 ranks"));
+  EXPECT_TRUE(Contains(ShapeFromBatches({}, &o), "no batches"));
+  o.gpus = 6;
+  o.pp = 2;
+  EXPECT_TRUE(Contains(ShapeFromBatches({{8}}, &o), "multiple of tp x pp"));
+}
+
+// 2 ranks of one device, a long document on rank 0 in some steps.
+struct FitCase {
+  SimOptions options;
+  std::vector<MeasuredStep> steps;
+};
+
+FitCase MakeCase(double true_mfu, double true_attention) {
+  FitCase f;
+  f.options = sim_test::TestOptions();
+  f.options.gpus = 2;
+  f.options.tp = 1;
+  f.options.comm_budget = 0;
+  const std::vector<std::vector<int64_t>> batches = {
+      {2048, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64,
+       64, 64, 64, 64, 64, 64, 64},
+      std::vector<int64_t>(16, 256),
+      {1536, 512, 1024, 1024}};
+  SimOptions truth = f.options;
+  truth.hardware.linear_mfu = true_mfu;
+  for (auto& point : truth.hardware.attention_efficiency) point.second /= true_attention;
+  for (const auto& b : batches) {
+    SimOptions o = truth;
+    EXPECT_TRUE(ShapeFromBatches({b}, &o).ok());
+    std::vector<SimResult> r;
+    EXPECT_TRUE(Simulate(o, {b}, {SimStrategy::kColocated}, &r).ok());
+    f.steps.push_back({b, r.at(0).iteration_s});
+  }
+  return f;
+}
+
+TEST(FitColocatedStepsTest, RecoversTheConstantsTheStepsWereMadeWith) {
+  FitCase f = MakeCase(0.2, 1.6);  // the profile starts at 0.5 and 1
+  ProfileFit fit;
+  const Status s = FitColocatedSteps(f.steps, &f.options, &fit);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_NEAR(fit.linear_mfu, 0.2, 1e-9);
+  EXPECT_NEAR(fit.attention_factor, 1.6, 1e-9);
+  EXPECT_NEAR(f.options.hardware.linear_mfu, 0.2, 1e-9);
+  EXPECT_NEAR(f.options.hardware.attention_efficiency[0].second, 0.5 / 1.6, 1e-9);
+  ASSERT_EQ(fit.predicted_s.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(fit.predicted_s[i] / f.steps[i].step_s, 1.0, 1e-9);
+  EXPECT_LT(fit.max_relative_error, 1e-9);
+}
+
+TEST(FitColocatedStepsTest, ScalesTheTableWhenOneServesTheModel) {
+  FitCase f = MakeCase(0.25, 1.0);
+  // A table for the test model's heads (4 x 2 of 16 at tp 1), 2x the curve's
+  // level: the fit must scale it by 1/2 to match steps made with the curve.
+  const char* csv = "q_len,kv_len,seconds\n64,64,1e-6\n64,4096,1e-4\n4096,4096,2e-3\n";
+  ASSERT_TRUE(WriteTextFile(::testing::TempDir() + "/fit_table.csv", csv).ok());
+  f.options.hardware.attention_tables.push_back({"fit_table.csv", 4, 2, 16, 1.0, csv});
+  ProfileFit fit;
+  const Status s = FitColocatedSteps(f.steps, &f.options, &fit);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_NEAR(f.options.hardware.attention_tables[0].scale, fit.attention_factor, 1e-12);
+  EXPECT_NEAR(fit.linear_mfu, 0.25, 0.05);  // the table's shape is not the curve's: close, not exact
+  for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(fit.predicted_s[i] / f.steps[i].step_s, 1.0, 0.2);
+}
+
+TEST(FitColocatedStepsTest, RefusesWhatCannotBeFitted) {
+  FitCase f = MakeCase(0.2, 1.0);
+  ProfileFit fit;
+  SimOptions o = f.options;
+  EXPECT_TRUE(Contains(FitColocatedSteps({f.steps[0]}, &o, &fit), "at least two measured steps"));
+  // Two copies of one step cannot tell linear from attention time apart.
+  EXPECT_TRUE(Contains(FitColocatedSteps({f.steps[1], f.steps[1]}, &o, &fit), "do not tell linear from attention"));
+  std::vector<MeasuredStep> bad = f.steps;
+  bad[2].step_s = 0;
+  EXPECT_TRUE(Contains(FitColocatedSteps(bad, &o, &fit), "step 2: measured time must be positive"));
+  // Steps far faster than the peak allows: an MFU above 1.
+  bad = f.steps;
+  for (MeasuredStep& m : bad) m.step_s /= 20;
+  EXPECT_TRUE(Contains(FitColocatedSteps(bad, &o, &fit), "exceeds 1"));
+  // A long-document step cheaper than a uniform one: negative attention.
+  bad = f.steps;
+  bad[0].step_s = bad[1].step_s * 0.5;
+  EXPECT_FALSE(FitColocatedSteps(bad, &o, &fit).ok());
+  EXPECT_EQ(o.hardware.linear_mfu, f.options.hardware.linear_mfu);  // untouched on failure
+}
+
+}  // namespace
+}  // namespace distca
