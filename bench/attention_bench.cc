@@ -209,13 +209,16 @@ bool WriteAttentionCostTable(const AttentionBenchOptions& o, std::string* error)
     *error = s.ToString();
     return false;
   }
-  fmt::print("wrote {} ({} heads x {} of {}, kernel {})\n", o.table_out, o.q_heads, o.kv_heads, o.head_dim,
-             AttentionKernelName(kernel));
   return true;
 }
 
 bool RunAttentionBench(const AttentionBenchOptions& o, std::string* error) {
-  if (!o.table_out.empty()) return WriteAttentionCostTable(o, error);
+  if (!o.table_out.empty()) {
+    if (!WriteAttentionCostTable(o, error)) return false;
+    fmt::print("wrote {} ({} heads x {} of {}, kernel {})\n", o.table_out, o.q_heads, o.kv_heads, o.head_dim,
+               AttentionKernelName(ResolveAttentionKernel(o.kernel)));
+    return true;
+  }
   const AttentionKernel kernel = ResolveAttentionKernel(o.kernel);
   const double min_seconds = o.min_seconds > 0 ? o.min_seconds : (o.short_mode ? 0.3 : 1.0);
   const int64_t target_pairs = o.short_mode ? (int64_t{4} << 20) : (int64_t{32} << 20);

@@ -28,7 +28,7 @@ struct AttentionBenchOptions {
 // message in *error, when the kernel fails validation against the reference.
 bool RunAttentionBench(const AttentionBenchOptions& options, std::string* error);
 
-// The table mode of RunAttentionBench.
+// The table mode of RunAttentionBench, silent.
 bool WriteAttentionCostTable(const AttentionBenchOptions& options, std::string* error);
 
 }  // namespace distca::bench

@@ -9,6 +9,7 @@
 #include "bench/attention_bench.h"
 #include "bench/dispatch_bench.h"
 #include "bench/plan_bench.h"
+#include "bench/profile_bench.h"
 #include "bench/train_bench.h"
 #include "common/cli_checks.h"
 
@@ -64,6 +65,21 @@ int main(int argc, char** argv) {
   trainer->add_option("--ranks", train.local_ranks, "local ranks when not under mpirun (Default: 2)")
       ->check(distca::cli::kPositive);
 
+  distca::bench::ProfileBenchOptions profile;
+  CLI::App* profiler = app.add_subcommand(
+      "profile",
+      "measure this machine and write a hardware profile for distca-sim, checked against training steps (run "
+      "under mpirun -np 2 for MPI)");
+  profiler->add_option("--out", profile.out, "profile JSON to write (the attention table goes next to it)")
+      ->required();
+  profiler->add_option("--name", profile.name, "the profile's name (Default: the file's stem)");
+  profiler->add_option("--model", profile.model, "distca-train model preset the steps train (Default: small)");
+  profiler->add_option("--reps", profile.reps, "runs per mix and mode (Default: 3)")->check(distca::cli::kPositive);
+  profiler->add_flag("--short", profile.short_mode, "CI mode: tiny model, 4096 tokens per rank, one run");
+  profiler->add_flag("--json", profile.json, "one JSON object instead of a table");
+  profiler->add_option("--ranks", profile.local_ranks, "local ranks when not under mpirun (Default: 2)")
+      ->check(distca::cli::kPositive);
+
   CLI11_PARSE(app, argc, argv);
 
   const std::map<std::string, distca::AttentionKernel> kernels = {{"auto", distca::AttentionKernel::kAuto},
@@ -83,6 +99,10 @@ int main(int argc, char** argv) {
     }
     if (trainer->parsed() && !distca::bench::RunTrainBench(train, &error)) {
       std::fprintf(stderr, "distca-bench train: %s\n", error.c_str());
+      return 1;
+    }
+    if (profiler->parsed() && !distca::bench::RunProfileBench(profile, &error)) {
+      std::fprintf(stderr, "distca-bench profile: %s\n", error.c_str());
       return 1;
     }
     if (planner->parsed() && !distca::bench::RunPlanBench(plan, &error)) {

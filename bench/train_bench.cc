@@ -10,41 +10,6 @@
 namespace distca::bench {
 namespace {
 
-struct Mix {
-  std::string name;
-  std::vector<int64_t> lengths;  // one batch, used at every step
-};
-
-// Fixed batches of ranks * T tokens. In the linear layout documents fill rank
-// 0 first, so where the long documents sit decides which rank is slow.
-std::vector<Mix> Mixes(int ranks, int64_t t) {
-  auto repeat = [](std::vector<int64_t>* v, int64_t len, int64_t total) {
-    for (int64_t done = 0; done < total; done += len) v->push_back(std::min(len, total - done));
-  };
-  std::vector<Mix> mixes;
-  Mix head{"long-first", {t}};  // rank 0: one long document; the rest: short ones
-  repeat(&head.lengths, 128, t * (ranks - 1));
-  mixes.push_back(head);
-  Mix tail{"long-last", {}};  // the last rank holds the long document
-  repeat(&tail.lengths, 256, t * (ranks - 1));
-  tail.lengths.push_back(t);
-  mixes.push_back(tail);
-  Mix graded{"graded", {}};  // rank r: documents of t / 2^(r+...) tokens, quadratic work falls with r
-  for (int r = 0; r < ranks; ++r) {
-    if (r == 0) {
-      graded.lengths.push_back(t * 3 / 4);
-      repeat(&graded.lengths, t / 16, t / 4);
-    } else {
-      repeat(&graded.lengths, std::max<int64_t>(128, t / (8 << (r - 1))), t);
-    }
-  }
-  mixes.push_back(graded);
-  Mix uniform{"uniform", {}};
-  repeat(&uniform.lengths, 512, t * ranks);
-  mixes.push_back(uniform);
-  return mixes;
-}
-
 // Colocated attention work per rank, max / min (FLOPs of the colocated plan).
 Status ColocatedWorkRatio(const std::vector<int64_t>& lengths, int ranks, const ModelConfig& m, double* ratio) {
   PlanOptions po;
@@ -65,11 +30,7 @@ double Median(std::vector<double> v) {
 
 struct Run {
   std::vector<StepMetrics> steps;  // after each run's warm-up step, over all repetitions
-  double MedianStep() const {
-    std::vector<double> v;
-    for (const auto& m : steps) v.push_back(m.step_s);
-    return Median(v);
-  }
+  double MedianStep() const { return MedianStepSeconds(steps); }
   // Median over steps of the mean over ranks of busy time.
   double MedianBusy() const {
     std::vector<double> v;
@@ -102,6 +63,57 @@ struct Run {
 
 }  // namespace
 
+std::vector<TrainMix> TrainMixes(int ranks, int64_t t) {
+  auto repeat = [](std::vector<int64_t>* v, int64_t len, int64_t total) {
+    for (int64_t done = 0; done < total; done += len) v->push_back(std::min(len, total - done));
+  };
+  // In the linear layout documents fill rank 0 first, so where the long
+  // documents sit decides which rank is slow.
+  std::vector<TrainMix> mixes;
+  TrainMix head{"long-first", {t}};  // rank 0: one long document; the rest: short ones
+  repeat(&head.lengths, 128, t * (ranks - 1));
+  mixes.push_back(head);
+  TrainMix tail{"long-last", {}};  // the last rank holds the long document
+  repeat(&tail.lengths, 256, t * (ranks - 1));
+  tail.lengths.push_back(t);
+  mixes.push_back(tail);
+  TrainMix graded{"graded", {}};  // rank r: documents of t / 2^(r+...) tokens, quadratic work falls with r
+  for (int r = 0; r < ranks; ++r) {
+    if (r == 0) {
+      graded.lengths.push_back(t * 3 / 4);
+      repeat(&graded.lengths, t / 16, t / 4);
+    } else {
+      repeat(&graded.lengths, std::max<int64_t>(128, t / (8 << (r - 1))), t);
+    }
+  }
+  mixes.push_back(graded);
+  TrainMix uniform{"uniform", {}};
+  repeat(&uniform.lengths, 512, t * ranks);
+  mixes.push_back(uniform);
+  return mixes;
+}
+
+Status TimeMix(Comm& comm, const TrainOptions& base, const TrainMix& mix, int reps, ModeSteps* steps) {
+  // Alternating which mode runs first keeps either from always meeting a
+  // cold or a warm machine; medians damp the noise of shared cores.
+  for (int rep = 0; rep < reps; ++rep)
+    for (int mode : {rep % 2, 1 - rep % 2}) {
+      TrainOptions t = base;
+      t.attention = mode == 0 ? AttentionMode::kColocated : AttentionMode::kCad;
+      t.data.batches = {mix.lengths};
+      DISTCA_RETURN_IF_ERROR(Train(comm, t, [&](const StepMetrics& m) {
+                               if (m.step > 1) (*steps)[mode].push_back(m);
+                             }).WithContext(fmt::format("mix {}, {}", mix.name, AttentionModeName(t.attention))));
+    }
+  return Status::Ok();
+}
+
+double MedianStepSeconds(const std::vector<StepMetrics>& steps) {
+  std::vector<double> v;
+  for (const auto& m : steps) v.push_back(m.step_s);
+  return Median(v);
+}
+
 bool RunTrainBench(const TrainBenchOptions& o, std::string* error) {
   CommOptions co;
   co.local_ranks = o.local_ranks;
@@ -123,21 +135,12 @@ bool RunTrainBench(const TrainBenchOptions& o, std::string* error) {
           comm.backend(), comm.size(), base.model.name, base.model.num_layers, base.model.hidden, base.model.q_heads,
           base.model.kv_heads, tokens_per_rank, reps, steps - 1, "mix", "work x", "colocated", "CAD", "ideal",
           "CAD/ideal", "speedup", "RSS max/min", "peak RSS");
-    for (const Mix& mix : Mixes(comm.size(), tokens_per_rank)) {
+    for (const TrainMix& mix : TrainMixes(comm.size(), tokens_per_rank)) {
       double work_ratio = 1.0;
       DISTCA_RETURN_IF_ERROR(ColocatedWorkRatio(mix.lengths, comm.size(), base.model, &work_ratio));
-      // Repetitions alternate which mode runs first, so that neither always
-      // meets a cold or a warm machine; medians damp the noise of shared cores.
-      Run runs[2];
-      for (int rep = 0; rep < reps; ++rep)
-        for (int mode : {rep % 2, 1 - rep % 2}) {
-          TrainOptions t = base;
-          t.attention = mode == 0 ? AttentionMode::kColocated : AttentionMode::kCad;
-          t.data.batches = {mix.lengths};
-          DISTCA_RETURN_IF_ERROR(Train(comm, t, [&](const StepMetrics& m) {
-                                   if (m.step > 1) runs[mode].steps.push_back(m);
-                                 }).WithContext(fmt::format("mix {}, {}", mix.name, AttentionModeName(t.attention))));
-        }
+      ModeSteps timed;
+      DISTCA_RETURN_IF_ERROR(TimeMix(comm, base, mix, reps, &timed));
+      const Run runs[2] = {{std::move(timed[0])}, {std::move(timed[1])}};
       if (!root) continue;
       const double colocated = runs[0].MedianStep(), cad = runs[1].MedianStep(), ideal = runs[0].MedianBusy();
       if (o.json) {

@@ -1,0 +1,233 @@
+#include "bench/profile_bench.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "bench/attention_bench.h"
+#include "bench/gemm_rate.h"
+#include "bench/train_bench.h"
+#include "common/file_util.h"
+#include "common/timer.h"
+#include "distca/plan.h"
+#include "distca/sim.h"
+
+namespace distca::bench {
+namespace {
+
+// Half the median round trip of `bytes` between ranks 0 and 1 (rank 0's
+// clock); other ranks return at once.
+Status HalfRoundTrip(Comm& comm, int64_t bytes, int reps, double* seconds) {
+  std::vector<char> buf(size_t(bytes), 1);
+  std::vector<double> times;
+  for (int i = 0; i < reps + 1; ++i) {  // the first round trip warms up the path
+    WallTimer t;
+    if (comm.rank() == 0) {
+      DISTCA_RETURN_IF_ERROR(comm.Send(buf.data(), bytes, 1, 7));
+      DISTCA_RETURN_IF_ERROR(comm.Recv(buf.data(), bytes, 1, 7));
+    } else if (comm.rank() == 1) {
+      DISTCA_RETURN_IF_ERROR(comm.Recv(buf.data(), bytes, 0, 7));
+      DISTCA_RETURN_IF_ERROR(comm.Send(buf.data(), bytes, 0, 7));
+    }
+    if (i > 0) times.push_back(t.Seconds() / 2);
+  }
+  std::sort(times.begin(), times.end());
+  *seconds = times.empty() ? 0.0 : times[times.size() / 2];
+  return Status::Ok();
+}
+
+// The efficiency curve from the table's whole-document tasks (q_len ==
+// kv_len): forward + backward FLOPs, (1 + 2.5) x 4 x pairs x D x Hq, over the
+// peak and the measured seconds. It serves head shapes other than the table's.
+Status CurveFromTable(const std::string& csv, double peak, int q_heads, int head_dim,
+                      std::vector<std::pair<double, double>>* curve) {
+  curve->clear();
+  for (std::string_view rest = csv; !rest.empty();) {
+    const size_t eol = rest.find('\n');
+    const std::string line(rest.substr(0, eol));
+    rest = eol == std::string_view::npos ? std::string_view() : rest.substr(eol + 1);
+    long long q = 0, kv = 0;
+    double seconds = 0;
+    if (std::sscanf(line.c_str(), "%lld,%lld,%lf", &q, &kv, &seconds) != 3 || q != kv) continue;
+    const double flops = (1 + HardwareProfile{}.attention_backward_factor) * 4.0 * double(CausalPairs(0, q)) *
+                         head_dim * q_heads;
+    const double fraction = flops / (peak * seconds);
+    if (!(fraction > 0 && fraction <= 1))
+      return Status::Internal(fmt::format(
+          "a {}-token document runs at {:.2f} of the measured peak: the GEMM rate was mismeasured", q, fraction));
+    curve->emplace_back(double(q), fraction);
+  }
+  if (curve->empty()) return Status::Internal("the attention table has no whole-document (q_len == kv_len) task");
+  return Status::Ok();
+}
+
+struct MixResult {
+  std::string name;
+  double colocated_s = 0, cad_s = 0;                      // measured medians
+  double colocated_predicted_s = 0, cad_predicted_s = 0;  // the fitted profile's
+};
+
+}  // namespace
+
+bool RunProfileBench(const ProfileBenchOptions& o, std::string* error) {
+  if (o.out.empty()) {
+    *error = "--out FILE.json is required";
+    return false;
+  }
+  const std::filesystem::path out(o.out);
+  const std::string stem = out.stem().string();
+  const std::string table_file = stem + "-attention.csv";
+  const std::filesystem::path table_path = out.parent_path() / table_file;
+  if (!out.parent_path().empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(out.parent_path(), ec);
+    if (ec) {
+      *error = fmt::format("cannot create '{}': {}", out.parent_path().string(), ec.message());
+      return false;
+    }
+  }
+  const int reps = o.short_mode ? 1 : o.reps;
+  const int64_t tokens_per_rank = o.short_mode ? 4096 : 8192;
+  CommOptions co;
+  co.local_ranks = o.local_ranks;
+  Status s = RunOnRanks(co, [&](Comm& comm) -> Status {
+    const bool root = comm.rank() == 0;
+    if (comm.size() < 2)
+      return Status::InvalidArgument(fmt::format("needs at least 2 ranks to measure a link, got {}", comm.size()));
+    TrainOptions base;
+    DISTCA_RETURN_IF_ERROR(ModelPreset(o.short_mode ? "tiny" : o.model, &base.model));
+    base.steps = 3;  // the first of each run is a warm-up
+    base.threads = 1;
+    base.tokens_per_rank = tokens_per_rank;
+    const ModelConfig& m = base.model;
+
+    // 1. Rank 0 alone: the GEMM peak and the CA engine's table, one thread.
+    HardwareProfile p;
+    Status rank0_status;
+    if (root) {
+      p.peak_flops = MeasureGemmGflops(o.short_mode ? 512 : 2048, 1, o.short_mode ? 0.1 : 1.0) * 1e9;
+      AttentionBenchOptions a;
+      a.short_mode = o.short_mode;
+      a.table_out = table_path.string();
+      a.q_heads = m.q_heads;
+      a.kv_heads = m.kv_heads;
+      a.head_dim = m.head_dim();
+      std::string table_error;
+      if (!WriteAttentionCostTable(a, &table_error)) rank0_status = Status::Internal(table_error);
+    }
+    DISTCA_RETURN_IF_ERROR(comm.Barrier());
+    DISTCA_RETURN_IF_ERROR(rank0_status);
+
+    // 2. The link between ranks 0 and 1.
+    double small_s = 0, large_s = 0;
+    const int64_t large = o.short_mode ? (int64_t{1} << 20) : (int64_t{16} << 20);
+    DISTCA_RETURN_IF_ERROR(HalfRoundTrip(comm, 8, 50, &small_s));
+    DISTCA_RETURN_IF_ERROR(HalfRoundTrip(comm, large, o.short_mode ? 5 : 20, &large_s));
+
+    // 3. Training steps of every mix, colocated and CAD.
+    std::vector<MixResult> results;
+    std::vector<MeasuredStep> colocated;
+    for (const TrainMix& mix : TrainMixes(comm.size(), tokens_per_rank)) {
+      ModeSteps steps;
+      DISTCA_RETURN_IF_ERROR(TimeMix(comm, base, mix, reps, &steps));
+      results.push_back({mix.name, MedianStepSeconds(steps[0]), MedianStepSeconds(steps[1])});
+      colocated.push_back({mix.lengths, results.back().colocated_s});
+    }
+    if (!root) return Status::Ok();
+
+    // 4. The profile: measured constants, then the fit.
+    p.name = o.name.empty() ? stem : o.name;
+    p.gpus_per_node = 1;
+    p.linear_mfu = 0.5;  // a start; fitted below
+    p.dtype_bytes = 4;   // fp32 training
+    p.memory_bytes = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE)) / comm.size();
+    const double bandwidth = double(large) / std::max(large_s - small_s, 1e-9);
+    p.intra_node = p.inter_node = {bandwidth, small_s};
+    AttentionTable table{table_file, m.q_heads, m.kv_heads, m.head_dim(), 1.0, ""};
+    DISTCA_RETURN_IF_ERROR(ReadTextFile(table_path.string(), &table.csv));
+    DISTCA_RETURN_IF_ERROR(CurveFromTable(table.csv, p.peak_flops, m.q_heads, m.head_dim(), &p.attention_efficiency));
+    p.attention_tables.push_back(table);
+    SimOptions so;
+    so.model = m;
+    so.hardware = p;
+    so.gpus = comm.size();
+    so.tp = 1;
+    so.comm_budget = 0;  // distca-train allocates no fixed buffer
+    so.threads = 1;
+    ProfileFit fit;
+    DISTCA_RETURN_IF_ERROR(FitColocatedSteps(colocated, &so, &fit).WithContext("fitting the colocated steps"));
+    so.hardware.source = fmt::format(
+        "Measured by `distca-bench profile{}` on this machine, {} ranks ({} backend), one thread per rank, fp32, for "
+        "distca-train's `{}` model ({} x {} heads of {}). peak = oneDNN sgemm on one thread ({:.1f} GFLOP/s); "
+        "core attention from {} (the CA engine's forward + backward seconds per task, one thread), and the "
+        "efficiency curve, for other head shapes, from its whole-document tasks; network = half the median "
+        "round trip between ranks 0 and 1: {:.1f} us for 8 B, {:.2f} GB/s for {} MiB; memory = physical RAM / "
+        "ranks. linear_mfu ({:.3f}) and the attention level (table scale and curve, x {:.3f}) fitted to the "
+        "colocated step times of the training benchmark's {} mixes ({} tokens per rank, median of {} run(s) x {} "
+        "step(s)), largest error {:.1f}%.",
+        o.short_mode ? " --short" : "", comm.size(), comm.backend(), m.name, m.q_heads, m.kv_heads,
+        m.head_dim(), p.peak_flops * 1e-9, table_file, small_s * 1e6, bandwidth * 1e-9, large >> 20, fit.linear_mfu,
+        fit.attention_factor, results.size(), tokens_per_rank, reps, base.steps - 1, fit.max_relative_error * 100);
+    DISTCA_RETURN_IF_ERROR(WriteTextFile(o.out, HardwareProfileJson(so.hardware)));
+    // What the simulator will read: the written files, loaded back.
+    DISTCA_RETURN_IF_ERROR(LoadHardwareProfile(o.out, &so.hardware).WithContext("reading back"));
+
+    // 5. The check: colocated in sample, CAD (distca-train's defaults) out of sample.
+    so.ping_pong = base.ping_pong;
+    so.tolerance = base.tolerance;
+    for (MixResult& r : results) {
+      const std::vector<int64_t>& lengths = colocated[&r - results.data()].lengths;
+      SimOptions mo = so;
+      DISTCA_RETURN_IF_ERROR(ShapeFromBatches({lengths}, &mo));
+      std::vector<SimResult> sim;
+      DISTCA_RETURN_IF_ERROR(Simulate(mo, {lengths}, {SimStrategy::kColocated, SimStrategy::kDistca}, &sim));
+      r.colocated_predicted_s = sim[0].iteration_s;
+      r.cad_predicted_s = sim[1].iteration_s;
+    }
+    auto err = [](double predicted, double measured) { return 100.0 * (predicted / measured - 1); };
+    if (o.json) {
+      nlohmann::ordered_json j = {{"profile", o.out},
+                                  {"table", table_path.string()},
+                                  {"backend", comm.backend()},
+                                  {"ranks", comm.size()},
+                                  {"model", m.name},
+                                  {"peak_flops", p.peak_flops},
+                                  {"latency_s", small_s},
+                                  {"bandwidth", bandwidth},
+                                  {"linear_mfu", fit.linear_mfu},
+                                  {"attention_factor", fit.attention_factor},
+                                  {"mixes", nlohmann::ordered_json::array()}};
+      for (const MixResult& r : results)
+        j["mixes"].push_back({{"mix", r.name},
+                              {"colocated_s", r.colocated_s},
+                              {"colocated_predicted_s", r.colocated_predicted_s},
+                              {"cad_s", r.cad_s},
+                              {"cad_predicted_s", r.cad_predicted_s}});
+      fmt::print("{}\n", j.dump());
+      return Status::Ok();
+    }
+    fmt::print(
+        "distca-bench profile: wrote {} and {}\n  {} backend, {} ranks, model {}, {} tokens per rank, median of {} "
+        "run(s) x {} step(s)\n  peak {:.1f} GFLOP/s (sgemm, 1 thread); link {:.1f} us + {:.2f} GB/s; fitted "
+        "linear_mfu {:.3f}, attention x {:.3f}\n\n{:>11} {:>10} {:>10} {:>7} {:>10} {:>10} {:>7}\n",
+        o.out, table_path.string(), comm.backend(), comm.size(), m.name, tokens_per_rank, reps, base.steps - 1,
+        p.peak_flops * 1e-9, small_s * 1e6, bandwidth * 1e-9, fit.linear_mfu, fit.attention_factor, "mix",
+        "colocated", "predicted", "error", "CAD", "predicted", "error");
+    for (const MixResult& r : results)
+      fmt::print("{:>11} {:>9.3f}s {:>9.3f}s {:>+6.1f}% {:>9.3f}s {:>9.3f}s {:>+6.1f}%\n", r.name, r.colocated_s,
+                 r.colocated_predicted_s, err(r.colocated_predicted_s, r.colocated_s), r.cad_s, r.cad_predicted_s,
+                 err(r.cad_predicted_s, r.cad_s));
+    fmt::print(
+        "\ncolocated: measured median step and the fitted profile's prediction (in sample: the fit's data); CAD "
+        "(distca policy, ping-pong): out of sample.\n");
+    return Status::Ok();
+  });
+  if (!s.ok()) *error = s.ToString();
+  return s.ok();
+}
+
+}  // namespace distca::bench
