@@ -245,7 +245,9 @@ struct ProfileFit {
 // c + u a + s b exactly (u: linear time's multiplier, s: attention's, c:
 // transfers), so three simulations per step give a, b, c. Needs at least two
 // steps whose attention shares differ; fails (naming why) when the fit is
-// degenerate or gives a linear MFU outside (0, 1] or an efficiency above 1.
+// degenerate or gives a linear MFU outside (0, 1]. When a table serves the
+// model, curve points the fit lifts above 1 are capped at 1 (the curve then
+// serves other head shapes only); when the curve serves it, that is an error.
 Status FitColocatedSteps(const std::vector<MeasuredStep>& steps, SimOptions* options, ProfileFit* fit);
 
 // ---------------------------------------------------------------------------

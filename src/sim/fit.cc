@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "distca/sim.h"
+#include "sim/costs.h"
 
 namespace distca {
 namespace {
@@ -106,11 +107,18 @@ Status FitColocatedSteps(const std::vector<MeasuredStep>& steps, SimOptions* opt
     return Status::InvalidArgument(
         fmt::format("the fitted linear MFU {:.3f} exceeds 1: is peak_flops ({:.4g}) too low?", fitted.linear_mfu,
                     fitted.peak_flops));
-  for (const auto& [q, f] : fitted.attention_efficiency)
-    if (f > 1)
+  // The curve must stay a fraction of peak. Where a table serves the model
+  // the curve serves other head shapes only and is capped at 1; where the
+  // curve itself was fitted, a fraction above 1 is an error.
+  const bool table_serves = sim::RankCosts(options->model, fitted, options->tp).measured_attention();
+  for (auto& [q, f] : fitted.attention_efficiency) {
+    if (f <= 1) continue;
+    if (!table_serves)
       return Status::InvalidArgument(fmt::format(
           "the fitted attention efficiency at {} query rows is {:.3f}, above 1: is peak_flops ({:.4g}) too low?", q, f,
           fitted.peak_flops));
+    f = 1.0;
+  }
   ProfileFit out;
   out.linear_mfu = fitted.linear_mfu;
   out.attention_factor = s;

@@ -3,6 +3,7 @@
 // known constants must give those constants back.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "common/file_util.h"
@@ -108,15 +109,20 @@ TEST(FitColocatedStepsTest, RecoversTheConstantsTheStepsWereMadeWith) {
 
 TEST(FitColocatedStepsTest, ScalesTheTableWhenOneServesTheModel) {
   FitCase f = MakeCase(0.25, 1.0);
-  // A table for the test model's heads (4 x 2 of 16 at tp 1), 2x the curve's
-  // level: the fit must scale it by 1/2 to match steps made with the curve.
-  const char* csv = "q_len,kv_len,seconds\n64,64,1e-6\n64,4096,1e-4\n4096,4096,2e-3\n";
+  // A table for the test model's heads (4 x 2 of 16 at tp 1), several times
+  // slower than the curve: the fit scales it down to match steps made with
+  // the curve.
+  const char* csv = "q_len,kv_len,seconds\n64,64,2e-5\n64,4096,2e-3\n4096,4096,4e-2\n";
   ASSERT_TRUE(WriteTextFile(::testing::TempDir() + "/fit_table.csv", csv).ok());
   f.options.hardware.attention_tables.push_back({"fit_table.csv", 4, 2, 16, 1.0, csv});
   ProfileFit fit;
   const Status s = FitColocatedSteps(f.steps, &f.options, &fit);
   ASSERT_TRUE(s.ok()) << s.ToString();
   EXPECT_NEAR(f.options.hardware.attention_tables[0].scale, fit.attention_factor, 1e-12);
+  EXPECT_LT(fit.attention_factor, 1.0);  // the table is slower than the steps' attention
+  // The curve, divided by that factor, is capped at 1: it serves other shapes.
+  EXPECT_EQ(f.options.hardware.attention_efficiency[0].second, std::min(1.0, 0.5 / fit.attention_factor));
+  EXPECT_EQ(f.options.hardware.attention_efficiency[1].second, 1.0);
   EXPECT_NEAR(fit.linear_mfu, 0.25, 0.05);  // the table's shape is not the curve's: close, not exact
   for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(fit.predicted_s[i] / f.steps[i].step_s, 1.0, 0.2);
 }
@@ -135,6 +141,10 @@ TEST(FitColocatedStepsTest, RefusesWhatCannotBeFitted) {
   bad = f.steps;
   for (MeasuredStep& m : bad) m.step_s /= 20;
   EXPECT_TRUE(Contains(FitColocatedSteps(bad, &o, &fit), "exceeds 1"));
+  // Attention twice as fast as the curve's top (1.0 at 1024 rows) allows,
+  // with the curve serving the model: an efficiency above 1.
+  bad = MakeCase(0.2, 0.5).steps;
+  EXPECT_TRUE(Contains(FitColocatedSteps(bad, &o, &fit), "above 1"));
   // A long-document step cheaper than a uniform one: negative attention.
   bad = f.steps;
   bad[0].step_s = bad[1].step_s * 0.5;
