@@ -4,9 +4,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <functional>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <thread>
 #include <vector>
 
 #include "bench/attention_bench.h"
@@ -39,6 +42,24 @@ Status HalfRoundTrip(Comm& comm, int64_t bytes, int reps, double* seconds) {
   std::sort(times.begin(), times.end());
   *seconds = times.empty() ? 0.0 : times[times.size() / 2];
   return Status::Ok();
+}
+
+// Rank 0 runs `measure` alone while the other ranks sleep (an MPI barrier
+// would spin and take a core, or a hyperthread's share of one, from it);
+// then everyone learns whether it succeeded.
+Status AloneOnRankZero(Comm& comm, const std::function<Status()>& measure) {
+  int32_t ok = 1;
+  Status status;
+  if (comm.rank() == 0) {
+    status = measure();
+    ok = status.ok() ? 1 : 0;
+    for (int r = 1; r < comm.size(); ++r) DISTCA_RETURN_IF_ERROR(comm.Send(&ok, sizeof ok, r, 8));
+    return status;
+  }
+  CommRequest done = comm.IRecv(&ok, sizeof ok, 0, 8);
+  while (!done.Test()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  DISTCA_RETURN_IF_ERROR(done.Wait());
+  return ok ? Status::Ok() : Status::Internal("rank 0's measurement failed");
 }
 
 // The efficiency curve from the table's whole-document tasks (q_len ==
@@ -109,8 +130,7 @@ bool RunProfileBench(const ProfileBenchOptions& o, std::string* error) {
 
     // 1. Rank 0 alone: the GEMM peak and the CA engine's table, one thread.
     HardwareProfile p;
-    Status rank0_status;
-    if (root) {
+    DISTCA_RETURN_IF_ERROR(AloneOnRankZero(comm, [&] {
       p.peak_flops = MeasureGemmGflops(o.short_mode ? 512 : 2048, 1, o.short_mode ? 0.1 : 1.0) * 1e9;
       AttentionBenchOptions a;
       a.short_mode = o.short_mode;
@@ -119,10 +139,8 @@ bool RunProfileBench(const ProfileBenchOptions& o, std::string* error) {
       a.kv_heads = m.kv_heads;
       a.head_dim = m.head_dim();
       std::string table_error;
-      if (!WriteAttentionCostTable(a, &table_error)) rank0_status = Status::Internal(table_error);
-    }
-    DISTCA_RETURN_IF_ERROR(comm.Barrier());
-    DISTCA_RETURN_IF_ERROR(rank0_status);
+      return WriteAttentionCostTable(a, &table_error) ? Status::Ok() : Status::Internal(table_error);
+    }));
 
     // 2. The link between ranks 0 and 1.
     double small_s = 0, large_s = 0;
