@@ -181,7 +181,7 @@ bool RunProfileBench(const ProfileBenchOptions& o, std::string* error) {
     ProfileFit fit;
     DISTCA_RETURN_IF_ERROR(FitColocatedSteps(colocated, &so, &fit).WithContext("fitting the colocated steps"));
     so.hardware.source = fmt::format(
-        "Measured by `distca-bench profile{}` on this machine, {} ranks ({} backend), one thread per rank, fp32, for "
+        "Measured by `distca-bench profile{}{}{}` on this machine, {} ranks ({} backend), one thread per rank, fp32, for "
         "distca-train's `{}` model ({} x {} heads of {}). peak = oneDNN sgemm on one thread ({:.1f} GFLOP/s); "
         "core attention from {} (the CA engine's forward + backward seconds per task, one thread), and the "
         "efficiency curve, for other head shapes, from its whole-document tasks (capped at 1); network = half the median "
@@ -189,7 +189,8 @@ bool RunProfileBench(const ProfileBenchOptions& o, std::string* error) {
         "ranks. linear_mfu ({:.3f}) and the attention level (table scale and curve, x {:.3f}) fitted to the "
         "colocated step times of the training benchmark's {} mixes ({} tokens per rank, median of {} run(s) x {} "
         "step(s)), largest error {:.1f}%.",
-        o.short_mode ? " --short" : "", comm.size(), comm.backend(), m.name, m.q_heads, m.kv_heads,
+        o.short_mode ? " --short" : "", o.reps != ProfileBenchOptions{}.reps ? fmt::format(" --reps {}", o.reps) : "",
+        o.model != ProfileBenchOptions{}.model ? " --model " + o.model : "", comm.size(), comm.backend(), m.name, m.q_heads, m.kv_heads,
         m.head_dim(), p.peak_flops * 1e-9, table_file, small_s * 1e6, bandwidth * 1e-9, large >> 20, fit.linear_mfu,
         fit.attention_factor, results.size(), tokens_per_rank, reps, base.steps - 1, fit.max_relative_error * 100);
     DISTCA_RETURN_IF_ERROR(WriteTextFile(o.out, HardwareProfileJson(so.hardware)));

@@ -183,7 +183,12 @@ std::string HardwareProfileJson(const HardwareProfile& p) {
   j["network"]["intra_node"] = link(p.intra_node);
   j["network"]["inter_node"] = link(p.inter_node);
   if (p.all_to_all) j["network"]["all_to_all"] = link(*p.all_to_all);
-  return j.dump(2) + "\n";
+  // One line per field, as the shipped profiles are written.
+  std::string out = "{\n";
+  for (auto it = j.begin(); it != j.end(); ++it)
+    out += fmt::format("  {}: {}{}\n", nlohmann::json(it.key()).dump(), it.value().dump(),
+                       std::next(it) == j.end() ? "" : ",");
+  return out + "}\n";
 }
 
 Status LoadHardwareProfile(const std::string& path, HardwareProfile* profile) {
