@@ -2,12 +2,14 @@
 #include <fmt/format.h>
 #include <omp.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <string_view>
 
 #include "common/timer.h"
 #include "distca/pingpong.h"
@@ -143,6 +145,17 @@ Status CheckOptions(const Comm& comm, const TrainOptions& o) {
   if (!(o.lr > 0) || !(o.min_lr >= 0) || o.min_lr > o.lr)
     return Status::InvalidArgument(
         fmt::format("need 0 <= --min-lr <= --lr and --lr > 0, got {} and {}", o.min_lr, o.lr));
+  // fp32 weights, gradients and AdamW's two moments: 16 bytes per parameter
+  // on every rank (local ranks share one process's memory). A model that
+  // cannot fit is refused here rather than left to the OOM killer.
+  const double state_bytes = 16.0 * double(ParameterCount(o.model));
+  const int sharing = std::string_view(comm.backend()) == "local" ? comm.size() : 1;
+  const double ram = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
+  if (ram > 0 && state_bytes * sharing > ram)
+    return Status::InvalidArgument(fmt::format(
+        "model {} has {} parameters: weights, gradients and AdamW state take {:.1f} GB per rank ({} rank(s) in this "
+        "process), more than this machine's {:.1f} GB of RAM",
+        o.model.name, ParameterCount(o.model), state_bytes * 1e-9, sharing, ram * 1e-9));
   return Status::Ok();
 }
 
