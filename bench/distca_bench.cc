@@ -70,8 +70,7 @@ int main(int argc, char** argv) {
       "profile",
       "measure this machine and write a hardware profile for distca-sim, checked against training steps (run "
       "under mpirun -np 2 for MPI)");
-  profiler->add_option("--out", profile.out, "profile JSON to write (the attention table goes next to it)")
-      ->required();
+  profiler->add_option("--out", profile.out, "profile JSON to write (the attention table goes next to it)")->required();
   profiler->add_option("--name", profile.name, "the profile's name (Default: the file's stem)");
   profiler->add_option("--model", profile.model, "distca-train model preset the steps train (Default: small)");
   profiler->add_option("--reps", profile.reps, "runs per mix and mode (Default: 3)")->check(distca::cli::kPositive);

@@ -5,10 +5,11 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
-#include <functional>
+#include <exception>
 #include <filesystem>
+#include <functional>
 #include <nlohmann/json.hpp>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -45,47 +46,19 @@ Status HalfRoundTrip(Comm& comm, int64_t bytes, int reps, double* seconds) {
 }
 
 // Rank 0 runs `measure` alone while the other ranks sleep (an MPI barrier
-// would spin and take a core, or a hyperthread's share of one, from it);
-// then everyone learns whether it succeeded.
+// would spin and take a core, or a hyperthread's share of one, from it). A
+// failure on rank 0 is returned there and aborts the job (RunOnRanks), which
+// also ends the others' wait, so the job reports rank 0's own error.
 Status AloneOnRankZero(Comm& comm, const std::function<Status()>& measure) {
-  int32_t ok = 1;
-  Status status;
+  int32_t done_flag = 1;
   if (comm.rank() == 0) {
-    status = measure();
-    ok = status.ok() ? 1 : 0;
-    for (int r = 1; r < comm.size(); ++r) DISTCA_RETURN_IF_ERROR(comm.Send(&ok, sizeof ok, r, 8));
-    return status;
+    DISTCA_RETURN_IF_ERROR(measure());
+    for (int r = 1; r < comm.size(); ++r) DISTCA_RETURN_IF_ERROR(comm.Send(&done_flag, sizeof done_flag, r, 8));
+    return Status::Ok();
   }
-  CommRequest done = comm.IRecv(&ok, sizeof ok, 0, 8);
+  CommRequest done = comm.IRecv(&done_flag, sizeof done_flag, 0, 8);
   while (!done.Test()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  DISTCA_RETURN_IF_ERROR(done.Wait());
-  return ok ? Status::Ok() : Status::Internal("rank 0's measurement failed");
-}
-
-// The efficiency curve from the table's whole-document tasks (q_len ==
-// kv_len): forward + backward FLOPs, (1 + 2.5) x 4 x pairs x D x Hq, over the
-// peak and the measured seconds, capped at 1 (the CA engine's backward does
-// less than the 2.5x forward FLOPs the count assumes, and the kernel can
-// outrun the sgemm measurement). It serves head shapes other than the table's.
-Status CurveFromTable(const std::string& csv, double peak, int q_heads, int head_dim,
-                      std::vector<std::pair<double, double>>* curve) {
-  curve->clear();
-  for (std::string_view rest = csv; !rest.empty();) {
-    const size_t eol = rest.find('\n');
-    const std::string line(rest.substr(0, eol));
-    rest = eol == std::string_view::npos ? std::string_view() : rest.substr(eol + 1);
-    long long q = 0, kv = 0;
-    double seconds = 0;
-    if (std::sscanf(line.c_str(), "%lld,%lld,%lf", &q, &kv, &seconds) != 3 || q != kv) continue;
-    const double flops = (1 + HardwareProfile{}.attention_backward_factor) * 4.0 * double(CausalPairs(0, q)) *
-                         head_dim * q_heads;
-    const double fraction = flops / (peak * seconds);
-    if (!(fraction > 0) || !std::isfinite(fraction))
-      return Status::Internal(fmt::format("a {}-token document's table entry ({} s) is not usable", q, seconds));
-    curve->emplace_back(double(q), std::min(1.0, fraction));
-  }
-  if (curve->empty()) return Status::Internal("the attention table has no whole-document (q_len == kv_len) task");
-  return Status::Ok();
+  return done.Wait();
 }
 
 struct MixResult {
@@ -97,11 +70,22 @@ struct MixResult {
 }  // namespace
 
 bool RunProfileBench(const ProfileBenchOptions& o, std::string* error) {
-  if (o.out.empty()) {
-    *error = "--out FILE.json is required";
+  // Everything that can be checked before minutes of measurement.
+  const std::filesystem::path out(o.out);
+  if (o.out.empty() || !out.has_filename() || out.filename() == "." || out.filename() == "..") {
+    *error = fmt::format("--out must name a JSON file, got '{}'", o.out);
     return false;
   }
-  const std::filesystem::path out(o.out);
+  const ProfileBenchOptions defaults;
+  if (o.short_mode && (o.model != defaults.model || o.reps != defaults.reps)) {
+    *error = "--short fixes the model (tiny) and the runs (1); drop --model and --reps";
+    return false;
+  }
+  ModelConfig model;
+  if (const Status s = ModelPreset(o.short_mode ? "tiny" : o.model, &model); !s.ok()) {
+    *error = s.ToString();
+    return false;
+  }
   const std::string stem = out.stem().string();
   const std::string table_file = stem + "-attention.csv";
   const std::filesystem::path table_path = out.parent_path() / table_file;
@@ -122,7 +106,7 @@ bool RunProfileBench(const ProfileBenchOptions& o, std::string* error) {
     if (comm.size() < 2)
       return Status::InvalidArgument(fmt::format("needs at least 2 ranks to measure a link, got {}", comm.size()));
     TrainOptions base;
-    DISTCA_RETURN_IF_ERROR(ModelPreset(o.short_mode ? "tiny" : o.model, &base.model));
+    base.model = model;
     base.steps = 3;  // the first of each run is a warm-up
     base.threads = 1;
     base.tokens_per_rank = tokens_per_rank;
@@ -130,8 +114,12 @@ bool RunProfileBench(const ProfileBenchOptions& o, std::string* error) {
 
     // 1. Rank 0 alone: the GEMM peak and the CA engine's table, one thread.
     HardwareProfile p;
-    DISTCA_RETURN_IF_ERROR(AloneOnRankZero(comm, [&] {
-      p.peak_flops = MeasureGemmGflops(o.short_mode ? 512 : 2048, 1, o.short_mode ? 0.1 : 1.0) * 1e9;
+    DISTCA_RETURN_IF_ERROR(AloneOnRankZero(comm, [&]() -> Status {
+      try {
+        p.peak_flops = MeasureGemmGflops(o.short_mode ? 512 : 2048, 1, o.short_mode ? 0.1 : 1.0) * 1e9;
+      } catch (const std::exception& e) {
+        return Status::Internal(fmt::format("measuring the GEMM peak: {}", e.what()));
+      }
       AttentionBenchOptions a;
       a.short_mode = o.short_mode;
       a.table_out = table_path.string();
@@ -165,11 +153,17 @@ bool RunProfileBench(const ProfileBenchOptions& o, std::string* error) {
     p.linear_mfu = 0.5;  // a start; fitted below
     p.dtype_bytes = 4;   // fp32 training
     p.memory_bytes = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE)) / comm.size();
-    const double bandwidth = double(large) / std::max(large_s - small_s, 1e-9);
+    if (!(large_s > small_s))
+      return Status::Internal(fmt::format(
+          "the link measurement is inconsistent: {} MiB took {:.3g} s, 8 B {:.3g} s; rerun on a quieter machine",
+          large >> 20, large_s, small_s));
+    const double bandwidth = double(large) / (large_s - small_s);
     p.intra_node = p.inter_node = {bandwidth, small_s};
     AttentionTable table{table_file, m.q_heads, m.kv_heads, m.head_dim(), 1.0, ""};
     DISTCA_RETURN_IF_ERROR(ReadTextFile(table_path.string(), &table.csv));
-    DISTCA_RETURN_IF_ERROR(CurveFromTable(table.csv, p.peak_flops, m.q_heads, m.head_dim(), &p.attention_efficiency));
+    DISTCA_RETURN_IF_ERROR(EfficiencyCurveFromTable(table.csv, p.peak_flops, m.q_heads, m.head_dim(),
+                                                    p.attention_backward_factor, &p.attention_efficiency)
+                               .WithContext(table_path.string()));
     p.attention_tables.push_back(table);
     SimOptions so;
     so.model = m;
@@ -181,18 +175,21 @@ bool RunProfileBench(const ProfileBenchOptions& o, std::string* error) {
     ProfileFit fit;
     DISTCA_RETURN_IF_ERROR(FitColocatedSteps(colocated, &so, &fit).WithContext("fitting the colocated steps"));
     so.hardware.source = fmt::format(
-        "Measured by `distca-bench profile{}{}{}` on this machine, {} ranks ({} backend), one thread per rank, fp32, for "
+        "Measured by `distca-bench profile{}{}{}` on this machine, {} ranks ({} backend), one thread per rank, fp32, "
+        "for "
         "distca-train's `{}` model ({} x {} heads of {}). peak = oneDNN sgemm on one thread ({:.1f} GFLOP/s); "
         "core attention from {} (the CA engine's forward + backward seconds per task, one thread), and the "
-        "efficiency curve, for other head shapes, from its whole-document tasks (capped at 1); network = half the median "
+        "efficiency curve, for other head shapes, from its whole-document tasks (capped at 1); network = half the "
+        "median "
         "round trip between ranks 0 and 1: {:.1f} us for 8 B, {:.2f} GB/s for {} MiB; memory = physical RAM / "
         "ranks. linear_mfu ({:.3f}) and the attention level (table scale and curve, x {:.3f}) fitted to the "
         "colocated step times of the training benchmark's {} mixes ({} tokens per rank, median of {} run(s) x {} "
         "step(s)), largest error {:.1f}%.",
         o.short_mode ? " --short" : "", o.reps != ProfileBenchOptions{}.reps ? fmt::format(" --reps {}", o.reps) : "",
-        o.model != ProfileBenchOptions{}.model ? " --model " + o.model : "", comm.size(), comm.backend(), m.name, m.q_heads, m.kv_heads,
-        m.head_dim(), p.peak_flops * 1e-9, table_file, small_s * 1e6, bandwidth * 1e-9, large >> 20, fit.linear_mfu,
-        fit.attention_factor, results.size(), tokens_per_rank, reps, base.steps - 1, fit.max_relative_error * 100);
+        o.model != ProfileBenchOptions{}.model ? " --model " + o.model : "", comm.size(), comm.backend(), m.name,
+        m.q_heads, m.kv_heads, m.head_dim(), p.peak_flops * 1e-9, table_file, small_s * 1e6, bandwidth * 1e-9,
+        large >> 20, fit.linear_mfu, fit.attention_factor, results.size(), tokens_per_rank, reps, base.steps - 1,
+        fit.max_relative_error * 100);
     DISTCA_RETURN_IF_ERROR(WriteTextFile(o.out, HardwareProfileJson(so.hardware)));
     // What the simulator will read: the written files, loaded back.
     DISTCA_RETURN_IF_ERROR(LoadHardwareProfile(o.out, &so.hardware).WithContext("reading back"));
@@ -228,7 +225,7 @@ bool RunProfileBench(const ProfileBenchOptions& o, std::string* error) {
                               {"colocated_predicted_s", r.colocated_predicted_s},
                               {"cad_s", r.cad_s},
                               {"cad_predicted_s", r.cad_predicted_s}});
-      fmt::print("{}\n", j.dump());
+      fmt::print("{}\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
       return Status::Ok();
     }
     fmt::print(
@@ -236,8 +233,8 @@ bool RunProfileBench(const ProfileBenchOptions& o, std::string* error) {
         "run(s) x {} step(s)\n  peak {:.1f} GFLOP/s (sgemm, 1 thread); link {:.1f} us + {:.2f} GB/s; fitted "
         "linear_mfu {:.3f}, attention x {:.3f}\n\n{:>11} {:>10} {:>10} {:>7} {:>10} {:>10} {:>7}\n",
         o.out, table_path.string(), comm.backend(), comm.size(), m.name, tokens_per_rank, reps, base.steps - 1,
-        p.peak_flops * 1e-9, small_s * 1e6, bandwidth * 1e-9, fit.linear_mfu, fit.attention_factor, "mix",
-        "colocated", "predicted", "error", "CAD", "predicted", "error");
+        p.peak_flops * 1e-9, small_s * 1e6, bandwidth * 1e-9, fit.linear_mfu, fit.attention_factor, "mix", "colocated",
+        "predicted", "error", "CAD", "predicted", "error");
     for (const MixResult& r : results)
       fmt::print("{:>11} {:>9.3f}s {:>9.3f}s {:>+6.1f}% {:>9.3f}s {:>9.3f}s {:>+6.1f}%\n", r.name, r.colocated_s,
                  r.colocated_predicted_s, err(r.colocated_predicted_s, r.colocated_s), r.cad_s, r.cad_predicted_s,

@@ -14,10 +14,12 @@ struct ProfileBenchOptions {
   std::string out;              // profile JSON to write; the table goes next to it (STEM-attention.csv)
   std::string name;             // the profile's "name"; Default: the file's stem
   std::string model = "small";  // distca-train preset the steps train. Default: small (tiny with short_mode)
-  bool short_mode = false;      // CI mode: tiny model, 4096 tokens per rank, one run per mode, a small table
-  bool json = false;            // one JSON object (the profile's figures and the check) instead of a table
-  int reps = 3;                 // runs per mix and mode (short mode: 1). Default: 3
-  int local_ranks = 2;          // ranks when not launched by mpirun. Default: 2
+  // CI mode: tiny model, 4096 tokens per rank, one run per mode, a small
+  // table (refuses --model and --reps). Default: false
+  bool short_mode = false;
+  bool json = false;    // one JSON object (the profile's figures and the check) instead of a table. Default: false
+  int reps = 3;         // runs per mix and mode (short mode: 1). Default: 3
+  int local_ranks = 2;  // ranks when not launched by mpirun. Default: 2
 };
 
 // Runs on every rank of the backend (at least 2); rank 0 measures, fits,

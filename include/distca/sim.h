@@ -238,14 +238,25 @@ struct ProfileFit {
   double max_relative_error = 0;    // |predicted / measured - 1|, largest over steps
 };
 
+// An efficiency curve (HardwareProfile::attention_efficiency) from a
+// measured table's whole-document tasks (q_len == kv_len): forward +
+// backward FLOPs, (1 + backward_factor) x 4 x CausalPairs(0, q) x head_dim x
+// q_heads, over peak_flops x the task's seconds, one point per such task,
+// capped at 1 (a kernel whose backward does fewer FLOPs than the count can
+// read above 1). Errors: a malformed table, or one with no such task.
+Status EfficiencyCurveFromTable(std::string_view csv, double peak_flops, int q_heads, int head_dim,
+                                double backward_factor, std::vector<std::pair<double, double>>* curve);
+
 // Fits options->hardware's linear_mfu and attention level so that the
 // simulator's colocated prediction of each step (ShapeFromBatches on the
 // step's batch; options gives model, gpus, tp, pp and the rest) matches the
 // measured times, least squares in relative error. A colocated step costs
 // c + u a + s b exactly (u: linear time's multiplier, s: attention's, c:
 // transfers), so three simulations per step give a, b, c. Needs at least two
-// steps whose attention shares differ; fails (naming why) when the fit is
-// degenerate or gives a linear MFU outside (0, 1]. When a table serves the
+// steps whose attention shares differ (the fit is refused when the steps'
+// (linear, attention) columns are within about 2 degrees of each other);
+// fails (naming why) when it is degenerate or gives a linear MFU outside
+// (0, 1]. When a table serves the
 // model, curve points the fit lifts above 1 are capped at 1 (the curve then
 // serves other head shapes only); when the curve serves it, that is an error.
 Status FitColocatedSteps(const std::vector<MeasuredStep>& steps, SimOptions* options, ProfileFit* fit);

@@ -53,6 +53,11 @@ struct TrainOptions {
   bool ping_pong = true;                             // CAD. Default: on
   int64_t block = 128;                               // task granularity. Default: 128
 
+  // Bytes this process may hold: a model whose fp32 weights, gradients and
+  // AdamW moments (16 bytes per parameter, times the ranks that share the
+  // process: all of them with the local backend, one under MPI) exceed it is
+  // refused. 0 = the machine's physical RAM. Default: 0
+  double memory_bytes = 0;
   int threads = 1;           // OpenMP threads per rank (GEMMs, CA engine). Default: 1
   std::string save_dir;      // checkpoints (docs/checkpoint_format.md); "" = none
   int64_t save_every = 0;    // 0 = only at the end (when save_dir is set)

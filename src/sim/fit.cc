@@ -4,7 +4,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <string>
 
+#include "distca/plan.h"
 #include "distca/sim.h"
 #include "sim/costs.h"
 
@@ -45,11 +48,33 @@ Status ShapeFromBatches(const std::vector<std::vector<int64_t>>& batches, SimOpt
     total = t;
   }
   if (total <= 0 || total % ranks != 0)
-    return Status::InvalidArgument(
-        fmt::format("the batch total {} is not a positive multiple of the {} ranks per stage (gpus / (tp x pp))",
-                    total, ranks));
+    return Status::InvalidArgument(fmt::format(
+        "the batch total {} is not a positive multiple of the {} ranks per stage (gpus / (tp x pp))", total, ranks));
   o->max_doc_len = total / ranks;
   o->batch_size = ranks;
+  return Status::Ok();
+}
+
+Status EfficiencyCurveFromTable(std::string_view csv, double peak_flops, int q_heads, int head_dim,
+                                double backward_factor, std::vector<std::pair<double, double>>* curve) {
+  if (curve == nullptr) return Status::InvalidArgument("curve is null");
+  if (!(peak_flops > 0) || q_heads <= 0 || head_dim <= 0 || !(backward_factor >= 1))
+    return Status::InvalidArgument("peak_flops, q_heads and head_dim must be positive, backward_factor >= 1");
+  CostModel check;
+  DISTCA_RETURN_IF_ERROR(CostModel::FromTableCsv(std::string(csv), &check));
+  curve->clear();
+  for (std::string_view rest = csv; !rest.empty();) {
+    const size_t eol = rest.find('\n');
+    const std::string line(rest.substr(0, eol));
+    rest = eol == std::string_view::npos ? std::string_view() : rest.substr(eol + 1);
+    long long q = 0, kv = 0;
+    double seconds = 0;
+    if (std::sscanf(line.c_str(), "%lld,%lld,%lf", &q, &kv, &seconds) != 3 || q != kv) continue;
+    const double flops = (1 + backward_factor) * 4.0 * double(CausalPairs(0, q)) * head_dim * q_heads;
+    curve->emplace_back(double(q), std::min(1.0, flops / (peak_flops * seconds)));
+  }
+  if (curve->empty()) return Status::InvalidArgument("the table has no whole-document (q_len == kv_len) task");
+  std::sort(curve->begin(), curve->end());
   return Status::Ok();
 }
 
@@ -91,10 +116,15 @@ Status FitColocatedSteps(const std::vector<MeasuredStep>& steps, SimOptions* opt
     sar += x * r;
     sbr += y * r;
   }
-  const double det = saa * sbb - sab * sab;
-  if (!(det > 1e-9 * saa * sbb))
-    return Status::InvalidArgument(
-        "the measured steps do not tell linear from attention time apart (their attention shares are too alike)");
+  // det / (saa sbb) is the squared sine of the angle between the linear and
+  // attention columns: below 1e-3 (about 2 degrees) measurement noise of a
+  // few percent would swing the two constants by far more than that.
+  const double det = saa * sbb - sab * sab, sin2 = det / (saa * sbb);
+  if (!(sin2 > 1e-3))
+    return Status::InvalidArgument(fmt::format(
+        "the measured steps do not tell linear from attention time apart (their attention shares are too alike: "
+        "sin^2 of the angle between them is {:.2g}, needs > 1e-3)",
+        sin2));
   const double u = (sar * sbb - sbr * sab) / det, s = (saa * sbr - sab * sar) / det;
   if (!(u > 0) || !(s > 0))
     return Status::InvalidArgument(fmt::format(

@@ -183,10 +183,12 @@ std::string HardwareProfileJson(const HardwareProfile& p) {
   j["network"]["intra_node"] = link(p.intra_node);
   j["network"]["inter_node"] = link(p.inter_node);
   if (p.all_to_all) j["network"]["all_to_all"] = link(*p.all_to_all);
-  // One line per field, as the shipped profiles are written.
+  // One line per field, as the shipped profiles are written. Invalid UTF-8
+  // in a name or file (a name can be a file's stem) is replaced, not thrown.
+  const auto dump = [](const auto& v) { return v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace); };
   std::string out = "{\n";
   for (auto it = j.begin(); it != j.end(); ++it)
-    out += fmt::format("  {}: {}{}\n", nlohmann::json(it.key()).dump(), it.value().dump(),
+    out += fmt::format("  {}: {}{}\n", dump(nlohmann::json(it.key())), dump(it.value()),
                        std::next(it) == j.end() ? "" : ",");
   return out + "}\n";
 }

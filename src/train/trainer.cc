@@ -146,16 +146,24 @@ Status CheckOptions(const Comm& comm, const TrainOptions& o) {
     return Status::InvalidArgument(
         fmt::format("need 0 <= --min-lr <= --lr and --lr > 0, got {} and {}", o.min_lr, o.lr));
   // fp32 weights, gradients and AdamW's two moments: 16 bytes per parameter
-  // on every rank (local ranks share one process's memory). A model that
-  // cannot fit is refused here rather than left to the OOM killer.
+  // on every rank of this process. A model that cannot fit even before its
+  // activations is refused here rather than left to the OOM killer (MPI
+  // ranks sharing a machine are not counted together; containers' limits
+  // are not seen: set memory_bytes).
   const double state_bytes = 16.0 * double(ParameterCount(o.model));
   const int sharing = std::string_view(comm.backend()) == "local" ? comm.size() : 1;
-  const double ram = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
-  if (ram > 0 && state_bytes * sharing > ram)
-    return Status::InvalidArgument(fmt::format(
-        "model {} has {} parameters: weights, gradients and AdamW state take {:.1f} GB per rank ({} rank(s) in this "
-        "process), more than this machine's {:.1f} GB of RAM",
-        o.model.name, ParameterCount(o.model), state_bytes * 1e-9, sharing, ram * 1e-9));
+  double limit = o.memory_bytes;
+  const char* what = "memory_bytes";
+  if (limit <= 0) {
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    limit = pages > 0 && page > 0 ? double(pages) * double(page) : 0.0;  // unknown: no check
+    what = "this machine's RAM";
+  }
+  if (limit > 0 && state_bytes * sharing > limit)
+    return Status::InvalidArgument(
+        fmt::format("model {} has {} parameters: weights, gradients and AdamW state take {:.3g} GB per rank ({} "
+                    "rank(s) in this process), more than {} ({:.3g} GB)",
+                    o.model.name, ParameterCount(o.model), state_bytes * 1e-9, sharing, what, limit * 1e-9));
   return Status::Ok();
 }
 

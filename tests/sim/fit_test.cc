@@ -76,8 +76,8 @@ FitCase MakeCase(double true_mfu, double true_attention) {
   f.options.tp = 1;
   f.options.comm_budget = 0;
   const std::vector<std::vector<int64_t>> batches = {
-      {2048, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64,
-       64, 64, 64, 64, 64, 64, 64},
+      {2048, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64,
+       64,   64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64},
       std::vector<int64_t>(16, 256),
       {1536, 512, 1024, 1024}};
   SimOptions truth = f.options;
@@ -123,8 +123,65 @@ TEST(FitColocatedStepsTest, ScalesTheTableWhenOneServesTheModel) {
   // The curve, divided by that factor, is capped at 1: it serves other shapes.
   EXPECT_EQ(f.options.hardware.attention_efficiency[0].second, std::min(1.0, 0.5 / fit.attention_factor));
   EXPECT_EQ(f.options.hardware.attention_efficiency[1].second, 1.0);
-  EXPECT_NEAR(fit.linear_mfu, 0.25, 0.05);  // the table's shape is not the curve's: close, not exact
+  // The table's shape is not the curve's, so two constants cannot match the
+  // steps exactly: close (the linear time dominates the uniform step), not exact.
+  EXPECT_NEAR(fit.linear_mfu, 0.25, 0.05);
   for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(fit.predicted_s[i] / f.steps[i].step_s, 1.0, 0.2);
+}
+
+// Sum over steps of (predicted / measured - 1)^2 under a profile.
+double Objective(const SimOptions& options, const std::vector<MeasuredStep>& steps) {
+  double sum = 0;
+  for (const MeasuredStep& m : steps) {
+    SimOptions o = options;
+    EXPECT_TRUE(ShapeFromBatches({m.lengths}, &o).ok());
+    std::vector<SimResult> r;
+    EXPECT_TRUE(Simulate(o, {m.lengths}, {SimStrategy::kColocated}, &r).ok());
+    sum += std::pow(r.at(0).iteration_s / m.step_s - 1, 2);
+  }
+  return sum;
+}
+
+TEST(FitColocatedStepsTest, InconsistentStepsGetTheLeastSquaresMinimum) {
+  FitCase f = MakeCase(0.2, 1.6);
+  // Noise no two constants can explain: the fit must then be the minimum of
+  // the relative squared error, which no small move of either constant lowers.
+  f.steps[0].step_s *= 1.10;
+  f.steps[1].step_s *= 0.95;
+  f.steps[2].step_s *= 1.02;
+  ProfileFit fit;
+  ASSERT_TRUE(FitColocatedSteps(f.steps, &f.options, &fit).ok());
+  EXPECT_GT(fit.max_relative_error, 0.01);
+  const double best = Objective(f.options, f.steps);
+  for (double step : {1e-3, -1e-3}) {
+    SimOptions o = f.options;
+    o.hardware.linear_mfu *= 1 + step;
+    EXPECT_GT(Objective(o, f.steps), best) << "linear_mfu x " << 1 + step;
+    o = f.options;
+    for (auto& point : o.hardware.attention_efficiency) point.second *= 1 + step;
+    EXPECT_GT(Objective(o, f.steps), best) << "attention efficiency x " << 1 + step;
+  }
+}
+
+TEST(EfficiencyCurveFromTableTest, WholeDocumentTasksAtTheFlopCount) {
+  // 4 heads of 16: a 128-token document has CausalPairs(0, 128) = 8256 pairs,
+  // (1 + 2.5) x 4 x 8256 x 16 x 4 = 7,397,376 FLOPs; at 1e12 FLOP/s peak and
+  // 1.4794752e-5 s that is 0.5 of peak. 1024: 524,800 pairs, 470,220,800 FLOPs
+  // in 4.702208e-4 s = 1.0, and a faster entry is capped at 1.
+  const char* csv = "q_len,kv_len,seconds\n128,128,1.4794752e-5\n128,1024,1e-4\n1024,1024,4.702208e-4\n";
+  std::vector<std::pair<double, double>> curve;
+  ASSERT_TRUE(EfficiencyCurveFromTable(csv, 1e12, 4, 16, 2.5, &curve).ok());
+  ASSERT_EQ(curve.size(), 2u);
+  EXPECT_EQ(curve[0].first, 128);
+  EXPECT_NEAR(curve[0].second, 0.5, 1e-12);
+  EXPECT_EQ(curve[1].first, 1024);
+  EXPECT_NEAR(curve[1].second, 1.0, 1e-12);
+  ASSERT_TRUE(EfficiencyCurveFromTable(csv, 0.5e12, 4, 16, 2.5, &curve).ok());
+  EXPECT_EQ(curve[0].second, 1.0);  // capped
+  EXPECT_TRUE(Contains(EfficiencyCurveFromTable("q_len,kv_len,seconds\n128,1024,1\n", 1e12, 4, 16, 2.5, &curve),
+                       "no whole-document"));
+  EXPECT_FALSE(EfficiencyCurveFromTable("not a table", 1e12, 4, 16, 2.5, &curve).ok());
+  EXPECT_FALSE(EfficiencyCurveFromTable(csv, 0, 4, 16, 2.5, &curve).ok());
 }
 
 TEST(FitColocatedStepsTest, RefusesWhatCannotBeFitted) {
@@ -148,7 +205,7 @@ TEST(FitColocatedStepsTest, RefusesWhatCannotBeFitted) {
   // A long-document step cheaper than a uniform one: negative attention.
   bad = f.steps;
   bad[0].step_s = bad[1].step_s * 0.5;
-  EXPECT_FALSE(FitColocatedSteps(bad, &o, &fit).ok());
+  EXPECT_TRUE(Contains(FitColocatedSteps(bad, &o, &fit), "non-positive"));
   EXPECT_EQ(o.hardware.linear_mfu, f.options.hardware.linear_mfu);  // untouched on failure
 }
 

@@ -186,6 +186,16 @@ TEST(TrainTest, BadOptionsAreRejected) {
   t.servers = 2;
   s = RunLocal(2, [&](Comm& comm) { return Train(comm, t, nullptr); });
   EXPECT_FALSE(s.ok());
+  // Two local ranks share the process: 2 x 16 bytes per parameter must fit.
+  t = TinyTrainOptions(2);
+  const double state = 16.0 * double(ParameterCount(t.model));
+  t.memory_bytes = 2 * state - 1;
+  s = RunLocal(2, [&](Comm& comm) { return Train(comm, t, nullptr); });
+  EXPECT_NE(s.message().find("(2 rank(s) in this process), more than memory_bytes"), std::string::npos) << s.message();
+  t.memory_bytes = 2 * state;
+  t.steps = 1;
+  s = RunLocal(2, [&](Comm& comm) { return Train(comm, t, nullptr); });
+  EXPECT_TRUE(s.ok()) << s.ToString();
 }
 
 }  // namespace
