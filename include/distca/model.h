@@ -39,7 +39,13 @@ struct ModelConfig {
 // (the paper's shapes; for memory accounting and the simulator).
 Status ModelPreset(std::string_view name, ModelConfig* config);
 std::vector<std::string> ModelPresetNames();
-// Every field positive, C divisible by Hq, Hq by Hkv, head_dim even (RoPE).
+// Bounds on a model's shape: far above any real model (Llama-3-405B has 126
+// layers, hidden 16384, vocabulary 128256), low enough that every size fits
+// in int64 and per-layer loops stay short.
+inline constexpr int kMaxLayers = 10'000;
+inline constexpr int kMaxWidth = 1 << 24;  // vocab_size, hidden_size, ffn_hidden_size
+// Every field positive and within the bounds above, C divisible by Hq, Hq by
+// Hkv, head_dim even (RoPE).
 Status ValidateModelConfig(const ModelConfig& config);
 
 // One named parameter tensor inside the flat parameter buffer.
@@ -145,10 +151,10 @@ Status ModelLossAndGrad(Transformer* model, const std::vector<std::vector<int32_
                         double* loss_sum, int64_t* targets);
 
 struct AdamWOptions {
-  float beta1 = 0.9f;          // Default: 0.9
-  float beta2 = 0.95f;         // Default: 0.95
-  float eps = 1e-8f;           // Default: 1e-8
-  float weight_decay = 0.1f;   // Default: 0.1, not applied to norm weights (1-D tensors)
+  float beta1 = 0.9f;         // Default: 0.9
+  float beta2 = 0.95f;        // Default: 0.95
+  float eps = 1e-8f;          // Default: 1e-8
+  float weight_decay = 0.1f;  // Default: 0.1, not applied to norm weights (1-D tensors)
 };
 
 // AdamW over the flat parameter buffer; m and v are its state.

@@ -197,6 +197,13 @@ struct SimResult {
   std::vector<double> iteration_per_batch;
 };
 
+// Limits that keep a simulation finite in time and memory (every batch is
+// sampled, planned and costed): 16x the paper's largest configuration in
+// tokens (512K x 128 chunks), 16x in GPUs (512). Near both limits a run
+// takes minutes on 2 cores.
+inline constexpr int64_t kMaxSimIterationTokens = int64_t{1} << 30;
+inline constexpr int kMaxSimGpus = 8192;
+
 Status ValidateSimOptions(const SimOptions& options);
 
 // Simulates every strategy on every batch (each a list of positive document

@@ -27,8 +27,12 @@ Status ReadBatchesFile(const std::string& path, std::vector<std::vector<int64_t>
 // max_doc_len), and the shuffled pool is packed greedily into batches of
 // exactly tokens_per_batch tokens (a document that does not fit is cut to the
 // room left; the rest of it is dropped).
+// The most tokens one sampled or streamed batch may hold (about a million
+// documents of the Pretrain distribution): 64x the paper's largest batch.
+inline constexpr int64_t kMaxTokensPerBatch = int64_t{1} << 32;
+
 struct WorkloadRecipe {
-  int64_t tokens_per_batch = 0;        // R * tokens per rank; required
+  int64_t tokens_per_batch = 0;        // R * tokens per rank, at most kMaxTokensPerBatch; required
   int upsample = 1;                    // Default: 1 (no upsampling)
   int64_t upsample_threshold = 65536;  // Default: 64K tokens
   double filter_ratio = 1.0;           // in (0, 1]. Default: 1 (keep all)

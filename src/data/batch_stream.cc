@@ -112,8 +112,9 @@ Status BatchStream::Open(const DataOptions& o, std::unique_ptr<BatchStream>* out
   if (path.empty()) return Status::InvalidArgument(fmt::format("data spec '{}' names no path", o.spec));
   if (kind != "text" && !o.glob.empty())
     return Status::InvalidArgument(fmt::format("a glob applies to text:DIR data only, not to '{}'", o.spec));
-  if (o.tokens_per_batch <= 0)
-    return Status::InvalidArgument(fmt::format("tokens per batch must be positive, got {}", o.tokens_per_batch));
+  if (o.tokens_per_batch <= 0 || o.tokens_per_batch > kMaxTokensPerBatch)
+    return Status::OutOfRange(
+        fmt::format("tokens per batch must be in [1, {}], got {}", kMaxTokensPerBatch, o.tokens_per_batch));
   if (kind == "synthetic") return OpenSampled(path, o, out);
   return OpenCorpus(kind, path, o, out);
 }

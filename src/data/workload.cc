@@ -57,8 +57,9 @@ Status ParseBatchesJson(std::string_view text, std::vector<std::vector<int64_t>>
 
 Status SampleBatches(const std::vector<int64_t>& pool, const WorkloadRecipe& r, int count,
                      std::vector<std::vector<int64_t>>* batches) {
-  if (r.tokens_per_batch <= 0)
-    return Status::InvalidArgument(fmt::format("tokens per batch must be positive, got {}", r.tokens_per_batch));
+  if (r.tokens_per_batch <= 0 || r.tokens_per_batch > kMaxTokensPerBatch)
+    return Status::OutOfRange(
+        fmt::format("tokens per batch must be in [1, {}], got {}", kMaxTokensPerBatch, r.tokens_per_batch));
   if (r.upsample < 1) return Status::InvalidArgument(fmt::format("upsample must be >= 1, got {}", r.upsample));
   if (!(r.filter_ratio > 0 && r.filter_ratio <= 1))
     return Status::InvalidArgument(fmt::format("filter ratio must be in (0, 1], got {}", r.filter_ratio));

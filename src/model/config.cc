@@ -1,5 +1,6 @@
 // Model presets, validation and the parameter layout (include/distca/model.h).
 #include <cmath>
+#include <tuple>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -64,6 +65,16 @@ Status ValidateModelConfig(const ModelConfig& c) {
   DISTCA_RETURN_IF_ERROR(CheckPositive("num_attention_heads", "--num-attention-heads", c.q_heads));
   DISTCA_RETURN_IF_ERROR(CheckPositive("num_query_groups", "--num-query-groups", c.kv_heads));
   DISTCA_RETURN_IF_ERROR(CheckPositive("ffn_hidden_size", "--ffn-hidden-size", c.ffn_hidden));
+  // Bounds that keep every size in int64 and every per-layer loop short:
+  // far above any real model (Llama-3-405B: 126 layers, hidden 16384).
+  if (c.num_layers > kMaxLayers)
+    return Status::OutOfRange(
+        fmt::format("num_layers {} is above the limit of {} (--num-layers)", c.num_layers, kMaxLayers));
+  for (auto [name, flag, v] :
+       {std::tuple{"vocab_size", "--vocab-size", c.vocab_size}, std::tuple{"hidden_size", "--hidden-size", c.hidden},
+        std::tuple{"ffn_hidden_size", "--ffn-hidden-size", c.ffn_hidden}})
+    if (v > kMaxWidth)
+      return Status::OutOfRange(fmt::format("{} {} is above the limit of {} ({})", name, v, kMaxWidth, flag));
   if (c.hidden % c.q_heads != 0) {
     return Status::InvalidArgument(
         fmt::format("hidden_size {} is not a multiple of num_attention_heads {} (--hidden-size, --num-attention-heads)",

@@ -209,10 +209,16 @@ Status ValidateSimOptions(const SimOptions& o) {
   if (o.model.num_layers % o.pp != 0)
     return Status::InvalidArgument(
         fmt::format("the model's {} layers do not split into pp = {} equal stages", o.model.num_layers, o.pp));
+  if (o.gpus > kMaxSimGpus)
+    return Status::OutOfRange(fmt::format("gpus ({}) is above the simulator's limit of {}", o.gpus, kMaxSimGpus));
   const int G = o.gpus / (o.tp * o.pp);
   if (o.max_doc_len <= 0) return Status::InvalidArgument("max_doc_len must be positive");
   if (o.batch_size <= 0)
     return Status::InvalidArgument(fmt::format("batch size must be positive, got {} chunks", o.batch_size));
+  if (o.max_doc_len > kMaxSimIterationTokens || int64_t{o.batch_size} * o.max_doc_len > kMaxSimIterationTokens)
+    return Status::OutOfRange(
+        fmt::format("batch size x max_doc_len = {} x {} tokens per iteration is above the simulator's limit of {}",
+                    o.batch_size, o.max_doc_len, kMaxSimIterationTokens));
   if (o.cp < 0 || (o.cp > 0 && G % o.cp != 0))
     return Status::InvalidArgument(fmt::format("cp ({}) must divide the {} ranks per stage", o.cp, G));
   if (o.micro_batches < 0) return Status::InvalidArgument("micro-batches must be >= 0");

@@ -145,12 +145,25 @@ Status CheckOptions(const Comm& comm, const TrainOptions& o) {
   if (!(o.lr > 0) || !(o.min_lr >= 0) || o.min_lr > o.lr)
     return Status::InvalidArgument(
         fmt::format("need 0 <= --min-lr <= --lr and --lr > 0, got {} and {}", o.min_lr, o.lr));
-  // fp32 weights, gradients and AdamW's two moments: 16 bytes per parameter
-  // on every rank of this process. A model that cannot fit even before its
-  // activations is refused here rather than left to the OOM killer (MPI
-  // ranks sharing a machine are not counted together; containers' limits
-  // are not seen: set memory_bytes).
-  const double state_bytes = 16.0 * double(ParameterCount(o.model));
+  return Status::Ok();
+}
+
+// A run that cannot fit is refused before it allocates, rather than left to
+// the OOM killer. Per rank, at least: fp32 weights, gradients and AdamW's two
+// moments (16 bytes per parameter), and the activations the backward pass
+// needs, (4h + 2h_kv + 3 ffn) floats per token and layer (the norms' and
+// projections' inputs and outputs, the MLP's gate, up and SwiGLU) plus the
+// logits (vocab floats per token); times the ranks in this process (all of
+// them with the local backend, one under MPI: ranks sharing a machine under
+// MPI are not counted together, nor are containers' limits seen; set
+// memory_bytes).
+Status CheckMemory(const Comm& comm, const TrainOptions& o, int64_t tokens_per_rank) {
+  const ModelConfig& m = o.model;
+  const double state = 16.0 * double(ParameterCount(m));
+  const double per_token =
+      4.0 *
+      (double(m.num_layers) * (4.0 * m.hidden + 2.0 * m.kv_heads * m.head_dim() + 3.0 * m.ffn_hidden) + m.vocab_size);
+  const double activations = per_token * double(tokens_per_rank);
   const int sharing = std::string_view(comm.backend()) == "local" ? comm.size() : 1;
   double limit = o.memory_bytes;
   const char* what = "memory_bytes";
@@ -159,11 +172,12 @@ Status CheckOptions(const Comm& comm, const TrainOptions& o) {
     limit = pages > 0 && page > 0 ? double(pages) * double(page) : 0.0;  // unknown: no check
     what = "this machine's RAM";
   }
-  if (limit > 0 && state_bytes * sharing > limit)
-    return Status::InvalidArgument(
-        fmt::format("model {} has {} parameters: weights, gradients and AdamW state take {:.3g} GB per rank ({} "
-                    "rank(s) in this process), more than {} ({:.3g} GB)",
-                    o.model.name, ParameterCount(o.model), state_bytes * 1e-9, sharing, what, limit * 1e-9));
+  if (limit > 0 && (state + activations) * sharing > limit)
+    return Status::InvalidArgument(fmt::format(
+        "model {} ({} parameters) at {} tokens per rank needs at least {:.3g} GB per rank ({:.3g} for weights, "
+        "gradients and AdamW state, {:.3g} for activations), {} rank(s) in this process: more than {} ({:.3g} GB)",
+        m.name, ParameterCount(m), tokens_per_rank, (state + activations) * 1e-9, state * 1e-9, activations * 1e-9,
+        sharing, what, limit * 1e-9));
   return Status::Ok();
 }
 
@@ -199,11 +213,6 @@ Status Train(Comm& comm, const TrainOptions& options, const std::function<void(c
   const int data_ranks = comm.size() - (o.attention == AttentionMode::kCad ? o.servers : 0);
   omp_set_num_threads(o.threads);
 
-  std::unique_ptr<Transformer> model;
-  DISTCA_RETURN_IF_ERROR(Transformer::Create(o.model, &model));
-  model->InitWeights(o.seed);
-  AdamW optimizer(*model, o.adamw);
-
   DataOptions data = o.data;
   data.seed = o.seed;
   data.tokens_per_batch = o.tokens_per_rank * data_ranks;
@@ -212,6 +221,12 @@ Status Train(Comm& comm, const TrainOptions& options, const std::function<void(c
   if (stream->vocab_size() > o.model.vocab_size)
     return Status::InvalidArgument(fmt::format("the data's token ids go up to {} but the model's vocabulary is {}",
                                                stream->vocab_size() - 1, o.model.vocab_size));
+  DISTCA_RETURN_IF_ERROR(CheckMemory(comm, o, (stream->tokens_per_batch() + data_ranks - 1) / data_ranks));
+
+  std::unique_ptr<Transformer> model;
+  DISTCA_RETURN_IF_ERROR(Transformer::Create(o.model, &model));
+  model->InitWeights(o.seed);
+  AdamW optimizer(*model, o.adamw);
 
   int64_t step = 0;
   if (!o.load_dir.empty()) {

@@ -292,7 +292,8 @@ TEST(BatchStreamTest, RejectsBadOptionsWithReasons) {
   auto none = [](DataOptions&) {};
   const std::string text = "text:" + (dir / "t");
   EXPECT_TRUE(open(text, 4, none).ok());
-  EXPECT_TRUE(Contains(open(text, 0, none), "tokens per batch must be positive, got 0"));
+  EXPECT_TRUE(Contains(open(text, 0, none), "tokens per batch must be in [1, 4294967296], got 0"));
+  EXPECT_TRUE(Contains(open(text, kMaxTokensPerBatch + 1, none), "got 4294967297"));
   EXPECT_TRUE(Contains(open("json:x", 4, none), "unknown data spec 'json:x': expected 'text:DIR', 'indexed:PREFIX'"));
   EXPECT_TRUE(Contains(open("", 4, none), "no data"));
   EXPECT_TRUE(Contains(open("text:", 4, none), "names no path"));

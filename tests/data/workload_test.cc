@@ -65,6 +65,8 @@ TEST(WorkloadTest, RecipeArguments) {
   std::vector<std::vector<int64_t>> out;
   WorkloadRecipe r;
   EXPECT_TRUE(Contains(SampleBatches({5}, r, 1, &out), "tokens per batch"));
+  r.tokens_per_batch = kMaxTokensPerBatch + 1;  // a million documents' worth and more: refused, not sampled
+  EXPECT_TRUE(Contains(SampleBatches({5}, r, 1, &out), "tokens per batch must be in [1, 4294967296]"));
   r.tokens_per_batch = 10;
   r.filter_ratio = 0;
   EXPECT_TRUE(Contains(SampleBatches({5}, r, 1, &out), "filter ratio"));

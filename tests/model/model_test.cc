@@ -100,6 +100,10 @@ TEST(ModelConfigTest, ValidationNamesTheField) {
       {[](ModelConfig& c) { c.vocab_size = 0; }, "vocab_size"},
       {[](ModelConfig& c) { c.rope_theta = 0; }, "rope_theta"},
       {[](ModelConfig& c) { c.norm_eps = -1; }, "norm_eps"},
+      {[](ModelConfig& c) { c.num_layers = kMaxLayers + 1; }, "num_layers 10001 is above the limit"},
+      {[](ModelConfig& c) { c.vocab_size = kMaxWidth + 1; }, "(--vocab-size)"},
+      {[](ModelConfig& c) { c.hidden = 2 * kMaxWidth, c.q_heads = 1 << 20, c.kv_heads = 1 << 20; }, "(--hidden-size)"},
+      {[](ModelConfig& c) { c.ffn_hidden = kMaxWidth + 1; }, "(--ffn-hidden-size)"},
   };
   for (const Case& k : cases) {
     ModelConfig c = Tiny();

@@ -186,13 +186,18 @@ TEST(TrainTest, BadOptionsAreRejected) {
   t.servers = 2;
   s = RunLocal(2, [&](Comm& comm) { return Train(comm, t, nullptr); });
   EXPECT_FALSE(s.ok());
-  // Two local ranks share the process: 2 x 16 bytes per parameter must fit.
+  // Two local ranks share the process: 2 x (16 bytes per parameter + the
+  // activations' lower bound) must fit.
   t = TinyTrainOptions(2);
-  const double state = 16.0 * double(ParameterCount(t.model));
-  t.memory_bytes = 2 * state - 1;
+  const ModelConfig& m = t.model;
+  const double state = 16.0 * double(ParameterCount(m));
+  const double activations =
+      4.0 * double(t.tokens_per_rank) *
+      (m.num_layers * (4.0 * m.hidden + 2.0 * m.kv_heads * m.head_dim() + 3.0 * m.ffn_hidden) + m.vocab_size);
+  t.memory_bytes = 2 * (state + activations) * (1 - 1e-9);  // just below: refused
   s = RunLocal(2, [&](Comm& comm) { return Train(comm, t, nullptr); });
-  EXPECT_NE(s.message().find("(2 rank(s) in this process), more than memory_bytes"), std::string::npos) << s.message();
-  t.memory_bytes = 2 * state;
+  EXPECT_NE(s.message().find("2 rank(s) in this process: more than memory_bytes"), std::string::npos) << s.message();
+  t.memory_bytes = 2 * (state + activations) * (1 + 1e-9);  // just above: trains
   t.steps = 1;
   s = RunLocal(2, [&](Comm& comm) { return Train(comm, t, nullptr); });
   EXPECT_TRUE(s.ok()) << s.ToString();
