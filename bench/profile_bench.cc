@@ -10,6 +10,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -105,6 +106,13 @@ bool RunProfileBench(const ProfileBenchOptions& o, std::string* error) {
     const bool root = comm.rank() == 0;
     if (comm.size() < 2)
       return Status::InvalidArgument(fmt::format("needs at least 2 ranks to measure a link, got {}", comm.size()));
+    // The profile's devices are one core each; more local ranks than cores
+    // would time the wait for a core too.
+    const unsigned cores = std::thread::hardware_concurrency();
+    if (root && std::string_view(comm.backend()) == "local" && cores > 0 && unsigned(comm.size()) > cores)
+      fmt::print(stderr,
+                 "distca-bench profile: warning: {} local ranks on {} cores; the profile assumes a core per rank\n",
+                 comm.size(), cores);
     TrainOptions base;
     base.model = model;
     base.steps = 3;  // the first of each run is a warm-up
