@@ -14,6 +14,8 @@ CpStageCost CostCpMicroBatch(const SimContext& ctx, const std::vector<int64_t>& 
   const double tokens = double(std::accumulate(docs.begin(), docs.end(), int64_t{0}));
   const bool inter = ctx.CpInterNode(c);
   CpStageCost cost;
+  cost.tokens = tokens;
+  cost.keeps_gathered_kv = keeps_gathered_kv;
   cost.linear_f = k.LinearForward(tokens / c);
   for (int64_t len : docs) cost.attention_f += k.AttentionForwardCp(len, c);
   // Forward: every rank gathers the K/V of the whole micro-batch; backward:
@@ -29,20 +31,24 @@ CpStageCost CostCpMicroBatch(const SimContext& ctx, const std::vector<int64_t>& 
   return cost;
 }
 
-Status RunContextParallel(const SimContext& ctx, const std::vector<std::vector<int64_t>>& micro_batches,
-                          const std::vector<std::vector<int>>& replicas, int c, bool keeps_gathered_kv,
-                          BatchOutcome* out) {
+std::vector<CpStageCost> CostCpMicroBatches(const SimContext& ctx,
+                                            const std::vector<std::vector<int64_t>>& micro_batches, int c,
+                                            bool keeps_gathered_kv) {
+  std::vector<CpStageCost> costs;
+  costs.reserve(micro_batches.size());
+  for (const std::vector<int64_t>& mb : micro_batches) costs.push_back(CostCpMicroBatch(ctx, mb, c, keeps_gathered_kv));
+  return costs;
+}
+
+Status RunContextParallel(const SimContext& ctx, const std::vector<CpStageCost>& costs,
+                          const std::vector<std::vector<int>>& replicas, int c, BatchOutcome* out) {
   const int stages = ctx.options.pp;
   const int G = ctx.stage_ranks;
   const int d = static_cast<int>(replicas.size());
   if (d * c != G) return Status::Internal("replicas x CP does not match the stage's ranks");
   const RankCosts& k = ctx.costs;
-  std::vector<CpStageCost> costs(micro_batches.size());
-  std::vector<double> tokens(micro_batches.size());
-  for (size_t i = 0; i < micro_batches.size(); ++i) {
-    costs[i] = CostCpMicroBatch(ctx, micro_batches[i], c, keeps_gathered_kv);
-    tokens[i] = double(std::accumulate(micro_batches[i].begin(), micro_batches[i].end(), int64_t{0}));
-  }
+  // One strategy's micro-batches: all keep the gathered K/V, or none does.
+  const bool keeps_gathered_kv = !costs.empty() && costs.front().keeps_gathered_kv;
 
   BatchOutcome o;
   o.busy_s.assign(size_t(stages) * G, 0.0);
@@ -59,10 +65,10 @@ Status RunContextParallel(const SimContext& ctx, const std::vector<std::vector<i
       t.backward.assign(stages, cc.backward);
       t.forward.back() += cc.head_f;
       t.backward.back() += kBackwardLinearFactor * cc.head_f;
-      t.p2p = k.PointToPoint(tokens[i] / c * k.HiddenBytesPerToken(), ctx.pipeline_inter_node);
+      t.p2p = k.PointToPoint(cc.tokens / c * k.HiddenBytesPerToken(), ctx.pipeline_inter_node);
       times.push_back(std::move(t));
-      held.push_back(tokens[i] / c);
-      buffer = std::max(buffer, c > 1 ? 2.0 * tokens[i] * k.KvBytesPerToken() : 0.0);
+      held.push_back(cc.tokens / c);
+      buffer = std::max(buffer, c > 1 ? 2.0 * cc.tokens * k.KvBytesPerToken() : 0.0);
 
       o.breakdown.forward_linear_s += cc.linear_f / d;
       o.breakdown.backward_linear_s += k.BackwardLinearFactor() * cc.linear_f / d;
@@ -75,8 +81,8 @@ Status RunContextParallel(const SimContext& ctx, const std::vector<std::vector<i
       // reaches each of the c ranks, in every layer; activations (tokens / c
       // on each of the c ranks) cross each stage boundary forward and their
       // gradients backward.
-      o.bytes_moved += (keeps_gathered_kv ? 2.0 : 3.0) * layers_total * tokens[i] * k.KvBytesPerToken() * (c - 1) +
-                       2.0 * (stages - 1) * tokens[i] * k.HiddenBytesPerToken();
+      o.bytes_moved += (cc.keeps_gathered_kv ? 2.0 : 3.0) * layers_total * cc.tokens * k.KvBytesPerToken() * (c - 1) +
+                       2.0 * (stages - 1) * cc.tokens * k.HiddenBytesPerToken();
     }
     const PipelineRun run = Simulate1F1B(times);
     o.iteration_s = std::max(o.iteration_s, run.makespan);

@@ -73,26 +73,32 @@ Status SimulateColocated(const SimContext& ctx, const std::vector<int64_t>& batc
 // Seconds of one micro-batch (documents spread over a CP group of c ranks) on
 // one stage, forward and backward, and the per-layer parts.
 struct CpStageCost {
+  double tokens = 0;               // the micro-batch's, over its c ranks
+  bool keeps_gathered_kv = false;  // CostCpMicroBatch's argument
   // Per layer, per rank. backward_comm: the dK/dV reduce-scatter, plus the
   // K/V's second pass when they were not kept (ring attention).
   double linear_f = 0, attention_f = 0, all_gather = 0, backward_comm = 0;
-  double forward = 0, backward = 0;                                          // whole stage, no LM head
-  double head_f = 0;                                                         // LM head forward (last stage)
+  double forward = 0, backward = 0;  // whole stage, no LM head
+  double head_f = 0;                 // LM head forward (last stage)
 };
 CpStageCost CostCpMicroBatch(const SimContext& ctx, const std::vector<int64_t>& docs, int c, bool keeps_gathered_kv);
+// CostCpMicroBatch of every micro-batch.
+std::vector<CpStageCost> CostCpMicroBatches(const SimContext& ctx,
+                                            const std::vector<std::vector<int64_t>>& micro_batches, int c,
+                                            bool keeps_gathered_kv);
 
-// Runs micro-batches (document lists, one chunk each) on d = G / c
-// data-parallel replicas, replicas[r] listing the micro-batches of replica r
-// in execution order, each spread over the replica's c ranks and run through
-// the pp-stage 1F1B pipeline; fills everything in `out`. Memory per rank:
+// Runs micro-batches (their costs, from CostCpMicroBatches at CP degree c)
+// on d = G / c data-parallel replicas, replicas[r] listing the micro-batches
+// of replica r in execution order, each spread over the replica's c ranks
+// and run through the pp-stage 1F1B pipeline; fills everything in `out`.
+// Memory per rank:
 // the largest min(pp - s, m) micro-batches' tokens / c in flight, and one
 // layer's gathered K/V plus their dK/dV partials (2 x tokens x K/V bytes of
 // the largest micro-batch) when c > 1; with keeps_gathered_kv (per-document
 // CP with an all-gather, whose backward reuses the gathered K/V), also the
 // other c - 1 ranks' K/V of every layer of the micro-batches in flight.
-Status RunContextParallel(const SimContext& ctx, const std::vector<std::vector<int64_t>>& micro_batches,
-                          const std::vector<std::vector<int>>& replicas, int c, bool keeps_gathered_kv,
-                          BatchOutcome* out);
+Status RunContextParallel(const SimContext& ctx, const std::vector<CpStageCost>& costs,
+                          const std::vector<std::vector<int>>& replicas, int c, BatchOutcome* out);
 
 // --- shared by the CAD strategies (cad.cc) ---
 

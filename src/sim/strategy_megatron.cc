@@ -17,7 +17,9 @@ Status SimulateMegatron(const SimContext& ctx, const std::vector<int64_t>& batch
   const int m = ctx.options.micro_batches;
   // Ring attention passes K/V around again in the backward pass: nothing
   // gathered is kept.
-  if (m == 0) return RunContextParallel(ctx, chunks, assignment, cp, /*keeps_gathered_kv=*/false, out);
+  if (m == 0)
+    return RunContextParallel(ctx, CostCpMicroBatches(ctx, chunks, cp, /*keeps_gathered_kv=*/false), assignment, cp,
+                              out);
   std::vector<std::vector<int64_t>> micro_batches;
   std::vector<std::vector<int>> grouped(replicas);
   for (int r = 0; r < replicas; ++r) {
@@ -33,7 +35,8 @@ Status SimulateMegatron(const SimContext& ctx, const std::vector<int64_t>& batch
       }
     }
   }
-  return RunContextParallel(ctx, micro_batches, grouped, cp, /*keeps_gathered_kv=*/false, out);
+  return RunContextParallel(ctx, CostCpMicroBatches(ctx, micro_batches, cp, /*keeps_gathered_kv=*/false), grouped, cp,
+                            out);
 }
 
 }  // namespace distca::sim

@@ -50,15 +50,14 @@ Status SimulateWlbIdeal(const SimContext& ctx, const std::vector<int64_t>& batch
         micro_batches.push_back(std::move(bins[i]));
       }
     }
-    return RunContextParallel(ctx, micro_batches, assignment, cp, /*keeps_gathered_kv=*/true, out);
+    return RunContextParallel(ctx, CostCpMicroBatches(ctx, micro_batches, cp, /*keeps_gathered_kv=*/true), assignment,
+                              cp, out);
   }
-  const std::vector<std::vector<int64_t>> micro_batches = WlbPack(batch, o.batch_size, L, 2 * L);
+  const std::vector<CpStageCost> costs =
+      CostCpMicroBatches(ctx, WlbPack(batch, o.batch_size, L, 2 * L), cp, /*keeps_gathered_kv=*/true);
   std::vector<double> seconds;
-  for (const auto& mb : micro_batches) {
-    const CpStageCost c = CostCpMicroBatch(ctx, mb, cp, /*keeps_gathered_kv=*/true);
-    seconds.push_back(c.forward + c.backward);
-  }
-  return RunContextParallel(ctx, micro_batches, AssignLpt(seconds, replicas), cp, /*keeps_gathered_kv=*/true, out);
+  for (const CpStageCost& c : costs) seconds.push_back(c.forward + c.backward);
+  return RunContextParallel(ctx, costs, AssignLpt(seconds, replicas), cp, out);
 }
 
 }  // namespace distca::sim
