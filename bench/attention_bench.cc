@@ -167,7 +167,7 @@ struct Record {
 
 }  // namespace
 
-bool WriteAttentionCostTable(const AttentionBenchOptions& o, std::string* error) {
+bool MeasureAttentionCostTable(const AttentionBenchOptions& o, std::string* csv_out, std::string* error) {
   const AttentionKernel kernel = ResolveAttentionKernel(o.kernel);
   const std::vector<int64_t> q_lens =
       o.short_mode ? std::vector<int64_t>{128, 512} : std::vector<int64_t>{128, 256, 512, 1024, 2048, 4096};
@@ -204,17 +204,18 @@ bool WriteAttentionCostTable(const AttentionBenchOptions& o, std::string* error)
       csv += fmt::format("{},{},{:.9g}\n", q, kv, secs / double(tasks));
     }
   }
-  const Status s = WriteTextFile(o.table_out, csv);
-  if (!s.ok()) {
-    *error = s.ToString();
-    return false;
-  }
+  *csv_out = std::move(csv);
   return true;
 }
 
 bool RunAttentionBench(const AttentionBenchOptions& o, std::string* error) {
   if (!o.table_out.empty()) {
-    if (!WriteAttentionCostTable(o, error)) return false;
+    std::string csv;
+    if (!MeasureAttentionCostTable(o, &csv, error)) return false;
+    if (const Status s = WriteTextFile(o.table_out, csv); !s.ok()) {
+      *error = s.ToString();
+      return false;
+    }
     fmt::print("wrote {} ({} heads x {} of {}, kernel {})\n", o.table_out, o.q_heads, o.kv_heads, o.head_dim,
                AttentionKernelName(ResolveAttentionKernel(o.kernel)));
     return true;

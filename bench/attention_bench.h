@@ -19,8 +19,8 @@ struct AttentionBenchOptions {
   // (q_len, kv_len) and write the planner's cost table (CSV q_len,kv_len,seconds)
   // here instead of running the throughput benchmark. One thread; heads below.
   std::string table_out;
-  int q_heads = 8;   // Default: 8 (table mode)
-  int kv_heads = 2;  // Default: 2 (table mode)
+  int q_heads = 8;     // Default: 8 (table mode)
+  int kv_heads = 2;    // Default: 2 (table mode)
   int head_dim = 128;  // Default: 128 (table mode)
 };
 
@@ -28,7 +28,8 @@ struct AttentionBenchOptions {
 // message in *error, when the kernel fails validation against the reference.
 bool RunAttentionBench(const AttentionBenchOptions& options, std::string* error);
 
-// The table mode of RunAttentionBench, silent.
-bool WriteAttentionCostTable(const AttentionBenchOptions& options, std::string* error);
+// The table RunAttentionBench's table mode writes to options.table_out
+// (which this ignores), as CSV text in *csv; silent.
+bool MeasureAttentionCostTable(const AttentionBenchOptions& options, std::string* csv, std::string* error);
 
 }  // namespace distca::bench

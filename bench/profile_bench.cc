@@ -1,7 +1,6 @@
 #include "bench/profile_bench.h"
 
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -18,6 +17,7 @@
 #include "bench/gemm_rate.h"
 #include "bench/train_bench.h"
 #include "common/file_util.h"
+#include "common/memory_info.h"
 #include "common/timer.h"
 #include "distca/plan.h"
 #include "distca/sim.h"
@@ -122,6 +122,7 @@ bool RunProfileBench(const ProfileBenchOptions& o, std::string* error) {
 
     // 1. Rank 0 alone: the GEMM peak and the CA engine's table, one thread.
     HardwareProfile p;
+    AttentionTable table{table_file, m.q_heads, m.kv_heads, m.head_dim(), 1.0, ""};
     DISTCA_RETURN_IF_ERROR(AloneOnRankZero(comm, [&]() -> Status {
       try {
         p.peak_flops = MeasureGemmGflops(o.short_mode ? 512 : 2048, 1, o.short_mode ? 0.1 : 1.0) * 1e9;
@@ -130,12 +131,12 @@ bool RunProfileBench(const ProfileBenchOptions& o, std::string* error) {
       }
       AttentionBenchOptions a;
       a.short_mode = o.short_mode;
-      a.table_out = table_path.string();
       a.q_heads = m.q_heads;
       a.kv_heads = m.kv_heads;
       a.head_dim = m.head_dim();
       std::string table_error;
-      return WriteAttentionCostTable(a, &table_error) ? Status::Ok() : Status::Internal(table_error);
+      if (!MeasureAttentionCostTable(a, &table.csv, &table_error)) return Status::Internal(table_error);
+      return WriteTextFile(table_path.string(), table.csv);
     }));
 
     // 2. The link between ranks 0 and 1.
@@ -160,15 +161,14 @@ bool RunProfileBench(const ProfileBenchOptions& o, std::string* error) {
     p.gpus_per_node = 1;
     p.linear_mfu = 0.5;  // a start; fitted below
     p.dtype_bytes = 4;   // fp32 training
-    p.memory_bytes = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE)) / comm.size();
+    p.memory_bytes = PhysicalMemoryBytes() / comm.size();
+    if (!(p.memory_bytes > 0)) return Status::Internal("the system does not tell its physical memory");
     if (!(large_s > small_s))
       return Status::Internal(fmt::format(
           "the link measurement is inconsistent: {} MiB took {:.3g} s, 8 B {:.3g} s; rerun on a quieter machine",
           large >> 20, large_s, small_s));
     const double bandwidth = double(large) / (large_s - small_s);
     p.intra_node = p.inter_node = {bandwidth, small_s};
-    AttentionTable table{table_file, m.q_heads, m.kv_heads, m.head_dim(), 1.0, ""};
-    DISTCA_RETURN_IF_ERROR(ReadTextFile(table_path.string(), &table.csv));
     DISTCA_RETURN_IF_ERROR(EfficiencyCurveFromTable(table.csv, p.peak_flops, m.q_heads, m.head_dim(),
                                                     p.attention_backward_factor, &p.attention_efficiency)
                                .WithContext(table_path.string()));
@@ -202,17 +202,18 @@ bool RunProfileBench(const ProfileBenchOptions& o, std::string* error) {
     // What the simulator will read: the written files, loaded back.
     DISTCA_RETURN_IF_ERROR(LoadHardwareProfile(o.out, &so.hardware).WithContext("reading back"));
 
-    // 5. The check: colocated in sample, CAD (distca-train's defaults) out of sample.
+    // 5. The check: colocated in sample (the fit's own predictions), CAD
+    // (distca-train's defaults, on the profile read back) out of sample.
     so.ping_pong = base.ping_pong;
     so.tolerance = base.tolerance;
-    for (MixResult& r : results) {
-      const std::vector<int64_t>& lengths = colocated[&r - results.data()].lengths;
+    for (size_t i = 0; i < results.size(); ++i) {
+      const std::vector<int64_t>& lengths = colocated[i].lengths;
       SimOptions mo = so;
       DISTCA_RETURN_IF_ERROR(ShapeFromBatches({lengths}, &mo));
       std::vector<SimResult> sim;
-      DISTCA_RETURN_IF_ERROR(Simulate(mo, {lengths}, {SimStrategy::kColocated, SimStrategy::kDistca}, &sim));
-      r.colocated_predicted_s = sim[0].iteration_s;
-      r.cad_predicted_s = sim[1].iteration_s;
+      DISTCA_RETURN_IF_ERROR(Simulate(mo, {lengths}, {SimStrategy::kDistca}, &sim));
+      results[i].colocated_predicted_s = fit.predicted_s[i];
+      results[i].cad_predicted_s = sim[0].iteration_s;
     }
     auto err = [](double predicted, double measured) { return 100.0 * (predicted / measured - 1); };
     if (o.json) {

@@ -2,7 +2,6 @@
 #include <fmt/format.h>
 #include <omp.h>
 #include <sys/resource.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -11,6 +10,7 @@
 #include <memory>
 #include <string_view>
 
+#include "common/memory_info.h"
 #include "common/timer.h"
 #include "distca/pingpong.h"
 #include "distca/train.h"
@@ -159,7 +159,8 @@ Status CheckOptions(const Comm& comm, const TrainOptions& o) {
 // memory_bytes).
 Status CheckMemory(const Comm& comm, const TrainOptions& o, int64_t tokens_per_rank) {
   const ModelConfig& m = o.model;
-  const double state = 16.0 * double(ParameterCount(m));
+  const int64_t params = ParameterCount(m);
+  const double state = 16.0 * double(params);
   const double per_token =
       4.0 *
       (double(m.num_layers) * (4.0 * m.hidden + 2.0 * m.kv_heads * m.head_dim() + 3.0 * m.ffn_hidden) + m.vocab_size);
@@ -168,16 +169,15 @@ Status CheckMemory(const Comm& comm, const TrainOptions& o, int64_t tokens_per_r
   double limit = o.memory_bytes;
   const char* what = "memory_bytes";
   if (limit <= 0) {
-    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    limit = pages > 0 && page > 0 ? double(pages) * double(page) : 0.0;  // unknown: no check
+    limit = PhysicalMemoryBytes();  // 0, unknown: no check
     what = "this machine's RAM";
   }
   if (limit > 0 && (state + activations) * sharing > limit)
     return Status::InvalidArgument(fmt::format(
         "model {} ({} parameters) at {} tokens per rank needs at least {:.3g} GB per rank ({:.3g} for weights, "
         "gradients and AdamW state, {:.3g} for activations), {} rank(s) in this process: more than {} ({:.3g} GB)",
-        m.name, ParameterCount(m), tokens_per_rank, (state + activations) * 1e-9, state * 1e-9, activations * 1e-9,
-        sharing, what, limit * 1e-9));
+        m.name, params, tokens_per_rank, (state + activations) * 1e-9, state * 1e-9, activations * 1e-9, sharing, what,
+        limit * 1e-9));
   return Status::Ok();
 }
 
