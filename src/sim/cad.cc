@@ -201,36 +201,48 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
           }
         }
       }
-      // Slowest rank of a phase; busy time of every rank.
-      double layer = 0;
-      auto phase = [&](auto&& seconds_of) {
+      // The stage's pass over its layers: each phase lasts as long as its
+      // slowest rank and runs `times` times; busy time of every rank.
+      const int layers = ctx.stage_layers;
+      double pass_s = 0;
+      auto phase = [&](int times, auto&& seconds_of) {
+        if (times <= 0) return;
         double slowest = 0;
         for (int r = 0; r < total_ranks; ++r) {
           const double t = seconds_of(r);
           slowest = std::max(slowest, t);
-          o.busy_s[r] += ctx.stage_layers * t;
+          o.busy_s[r] += times * t;
         }
-        layer += slowest;
+        pass_s += times * slowest;
       };
       if (overlap) {
-        // Ping-pong, steady state (DistCA's Figure 7): each transfer of one
-        // nano-batch runs under the other's compute: nano 1's linear work
-        // (after attention of the previous layer, before it in this one)
-        // hides nano 0's dispatch; nano 0's attention hides nano 1's
-        // dispatch; nano 1's attention hides nano 0's return; nano 0's linear
-        // work hides nano 1's return. A transfer longer than its cover shows.
-        phase([&](int r) { return std::max(after[1][r] + before[1][r], dispatch[0][r]); });
-        phase([&](int r) { return std::max(ca[0][r], dispatch[1][r]); });
-        phase([&](int r) { return std::max(ca[1][r], back[0][r]); });
-        phase([&](int r) { return std::max(after[0][r] + before[0][r], back[1][r]); });
+        // Ping-pong (DistCA's Figure 7): each transfer of one nano-batch runs
+        // under the other's compute. Steady state, layer l: nano 1's linear
+        // work (after attention of layer l - 1, before it in layer l) hides
+        // nano 0's dispatch; nano 0's attention hides nano 1's dispatch;
+        // nano 1's attention hides nano 0's return; nano 0's linear work
+        // (after attention of l, before it in l + 1) hides nano 1's return. A
+        // transfer longer than its cover shows. Fill and drain: the pass
+        // opens with nano 0's work before attention, alone, and in the first
+        // layer nano 0's dispatch has only nano 1's work before attention to
+        // hide under; in the last layer nano 1's return has only nano 0's work
+        // after attention, and nano 1's closes the pass, alone.
+        phase(1, [&](int r) { return before[0][r]; });
+        phase(1, [&](int r) { return std::max(before[1][r], dispatch[0][r]); });
+        phase(layers - 1, [&](int r) { return std::max(after[1][r] + before[1][r], dispatch[0][r]); });
+        phase(layers, [&](int r) { return std::max(ca[0][r], dispatch[1][r]); });
+        phase(layers, [&](int r) { return std::max(ca[1][r], back[0][r]); });
+        phase(layers - 1, [&](int r) { return std::max(after[0][r] + before[0][r], back[1][r]); });
+        phase(1, [&](int r) { return std::max(after[0][r], back[1][r]); });
+        phase(1, [&](int r) { return after[1][r]; });
       } else {
         // One plan (or nano-batches back to back): nothing overlaps.
         for (size_t n = 0; n < nn; ++n) {
-          phase([&](int r) { return before[n][r]; });
-          phase([&](int r) { return dispatch[n][r]; });
-          phase([&](int r) { return ca[n][r]; });
-          phase([&](int r) { return back[n][r]; });
-          phase([&](int r) { return after[n][r]; });
+          phase(layers, [&](int r) { return before[n][r]; });
+          phase(layers, [&](int r) { return dispatch[n][r]; });
+          phase(layers, [&](int r) { return ca[n][r]; });
+          phase(layers, [&](int r) { return back[n][r]; });
+          phase(layers, [&](int r) { return after[n][r]; });
         }
       }
       const double max_compute = *std::max_element(compute.begin(), compute.end());
@@ -242,14 +254,15 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
         head = head_factor * k.HeadForward(rank_tokens);
         for (int j = 0; j < G; ++j) o.busy_s[(P - 1) * stride + j] += head;
       }
-      o.iteration_s += ctx.stage_layers * layer + head + p2p;
+      o.iteration_s += pass_s + head + p2p;
 
       SimBreakdown& b = o.breakdown;
       // Work per token-holding rank of the pipeline (P * G of them); the
       // exposed transfer counts for the stages that hold tokens in this tick.
       (pass == 0 ? b.forward_linear_s : b.backward_linear_s) += linear_sum / (P * G);
       (pass == 0 ? b.forward_attention_s : b.backward_attention_s) += attention_sum / (P * G);
-      (pass == 0 ? b.forward_comm_s : b.backward_comm_s) += (layer - max_compute) * double(active.size()) / P;
+      (pass == 0 ? b.forward_comm_s : b.backward_comm_s) +=
+          (pass_s / layers - max_compute) * double(active.size()) / P;
     }
 
     for (int r = 0; r < total_ranks; ++r) {
