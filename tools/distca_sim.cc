@@ -335,11 +335,16 @@ int main(int argc, char** argv) {
     return 0;
   }
   const int ranks = o.gpus / (o.tp * o.pp);
-  fmt::print(
-      "{} on {} ({} GPUs: tp {}, pp {}, {} ranks per stage), L {}, B {} ({:.3g} chunk(s) per rank), {} batches"
-      ", ping-pong {}\n",
-      o.model.name, o.hardware.name, o.gpus, o.tp, o.pp, ranks, o.max_doc_len, o.batch_size,
-      double(o.batch_size) / ranks, batches.size(), o.ping_pong ? "on" : "off");
+  const std::string layout = o.micro_batches > 0
+                                 ? fmt::format("{} micro-batch(es) per replica{}{}", o.micro_batches,
+                                               o.recompute_mlp ? ", MLP recomputed" : "",
+                                               o.wlb_scope != distca::WlbScope::kPerMicroBatch
+                                                   ? fmt::format(", wlb scope {}", distca::WlbScopeName(o.wlb_scope))
+                                                   : "")
+                                 : fmt::format("{:.3g} chunk(s) per rank", double(o.batch_size) / ranks);
+  fmt::print("{} on {} ({} GPUs: tp {}, pp {}, {} ranks per stage), L {}, B {} ({}), {} batches, ping-pong {}\n",
+             o.model.name, o.hardware.name, o.gpus, o.tp, o.pp, ranks, o.max_doc_len, o.batch_size, layout,
+             batches.size(), o.ping_pong ? "on" : "off");
   PrintTable(results, a.breakdown);
   fmt::print("simulated in {:.2f} s\n", timer.Seconds());
   return 0;

@@ -233,6 +233,12 @@ Status ValidateSimOptions(const SimOptions& o) {
                     "{}): every replica runs the same number of micro-batches",
                     o.batch_size, G / o.cp, o.cp, G, o.cp));
   if (o.dedicated_servers < 0) return Status::InvalidArgument("dedicated servers must be >= 0");
+  // Dedicated servers are GPUs too (tp each, on every stage).
+  if (o.gpus + int64_t{o.dedicated_servers} * o.tp * o.pp > kMaxSimGpus)
+    return Status::OutOfRange(fmt::format("gpus ({}) plus {} dedicated servers per stage ({} GPUs) is above the "
+                                          "simulator's limit of {} GPUs",
+                                          o.gpus, o.dedicated_servers, int64_t{o.dedicated_servers} * o.tp * o.pp,
+                                          kMaxSimGpus));
   if (!(o.tolerance >= 0) || !std::isfinite(o.tolerance))
     return Status::InvalidArgument(fmt::format("tolerance must be a finite number >= 0, got {}", o.tolerance));
   if (o.comm_budget < 0) return Status::InvalidArgument("comm budget must be >= 0");
