@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/cli_checks.h"
@@ -39,7 +40,8 @@ struct Args {
   distca::GridRecipe grid_recipe;
   SimOptions sim;
   int batches = 30;
-  bool no_ping_pong = false, json = false, tolerance_sweep = false, breakdown = false;
+  bool no_ping_pong = false, json = false, tolerance_sweep = false, breakdown = false, search = false;
+  std::vector<std::pair<int, int>> shapes;  // --search: the (tp, pp) shapes to try
 };
 
 // The profile path as given, else relative to the source tree (so that the
@@ -206,6 +208,58 @@ int RunToleranceSweep(const Args& a, const std::vector<std::vector<int64_t>>& ba
   return 0;
 }
 
+// --search: every strategy at every (tp, pp) shape; the fastest that fits.
+int RunSearch(const Args& a, const std::vector<std::vector<int64_t>>& batches,
+              const std::vector<distca::SimStrategy>& strategies) {
+  distca::WallTimer timer;
+  std::vector<distca::ShapeChoice> best;
+  std::vector<distca::ShapeTrial> trials;
+  const Status s = distca::SearchParallelism(a.sim, batches, strategies, a.shapes, &best, &trials);
+  if (!s.ok()) return Fail(s.message());
+  if (a.json) {
+    for (const distca::ShapeChoice& c : best) {
+      SimOptions o = a.sim;
+      o.tp = c.tp;
+      o.pp = c.pp;
+      nlohmann::json j = ToJson(o, c.result);
+      j["search"] = "best";
+      fmt::print("{}\n", j.dump());
+    }
+    return 0;
+  }
+  const SimOptions& o = a.sim;
+  fmt::print("{} on {} ({} GPUs), L {}, B {}, {} batches: iteration s at each tp x pp ('!' over memory)\n",
+             o.model.name, o.hardware.name, o.gpus, o.max_doc_len, o.batch_size, batches.size());
+  std::string header = fmt::format("{:>4} {:>4}", "tp", "pp");
+  for (distca::SimStrategy st : strategies) header += fmt::format(" {:>13}", distca::SimStrategyName(st));
+  fmt::print("{}\n", header);
+  for (const distca::ShapeTrial& t : trials) {
+    std::string line = fmt::format("{:>4} {:>4}", t.tp, t.pp), skipped;
+    for (size_t i = 0; i < t.results.size(); ++i) {
+      const SimResult& r = t.results[i];
+      if (t.status[i].ok()) {
+        line += fmt::format(" {:>12.4f}{}", r.iteration_s, r.memory_fits ? " " : "!");
+      } else {
+        line += fmt::format(" {:>13}", "-");
+        skipped += fmt::format("\n{:>9}  {}", "", t.status[i].message());  // names the strategy
+      }
+    }
+    fmt::print("{}{}\n", line, skipped);
+  }
+  fmt::print("\nbest shape per strategy (speedup over wlb-ideal's best):\n");
+  fmt::print("{:<13} {:>4} {:>4} {:>9} {:>11} {:>8} {:>6} {:>9} {:>3}\n", "strategy", "tp", "pp", "iter s", "tokens/s",
+             "speedup", "idle", "mem max", "cp");
+  for (const distca::ShapeChoice& c : best) {
+    const SimResult& r = c.result;
+    fmt::print("{:<13} {:>4} {:>4} {:>9.4f} {:>11.4g} {:>8} {:>6.3f} {:>7.1f}GB{} {:>3}\n",
+               distca::SimStrategyName(r.strategy), c.tp, c.pp, r.iteration_s, r.tokens_per_s,
+               r.speedup > 0 ? fmt::format("{:.3f}x", r.speedup) : "-", r.idle_fraction, r.memory_max_bytes * 1e-9,
+               r.memory_fits ? " " : "!", r.cp);
+  }
+  fmt::print("searched {} shapes in {:.2f} s\n", trials.size(), timer.Seconds());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -268,6 +322,10 @@ int main(int argc, char** argv) {
                  "with --paper-grid: --micro-batches for every point (Default: 0 = 1 in 3d, 8 in 4d)")
       ->check(nonneg);
   app.add_flag("--tolerance-sweep", a.tolerance_sweep, "CAD time and buffer at eps 0, 0.05, 0.1, 0.2, 0.4");
+  app.add_flag("--search", a.search,
+               "size the job: every strategy at every tp x pp of --gpus (tp within a node; with --tp or --pp, only "
+               "that tp or pp), and per strategy the "
+               "fastest that fits in memory");
   CLI11_PARSE(app, argc, argv);
 
   Status s = a.model.Resolve(&o.model);
@@ -283,6 +341,26 @@ int main(int argc, char** argv) {
   s = distca::LoadHardwareProfile(FindHardware(a.hardware), &o.hardware);
   if (!s.ok()) return Fail(s.message());
   if (a.lengths.empty() == a.docs_file.empty()) return Fail("give exactly one of --lengths and --docs-file");
+  if (a.search) {
+    if (!a.docs_file.empty() || !a.paper_grid.empty() || a.tolerance_sweep)
+      return Fail(
+          "--search samples from --lengths; it does not combine with --docs-file, --paper-grid or "
+          "--tolerance-sweep");
+    const bool fixed_tp = app.count("--tp") > 0, fixed_pp = app.count("--pp") > 0;
+    if (fixed_tp && fixed_pp) return Fail("--search with both --tp and --pp has nothing to choose");
+    // Every shape, or those with the given tp (or pp). Validate (and
+    // sample) at the first; the search tries them all.
+    if (o.gpus > 0) {
+      for (const auto& [tp, pp] : distca::ParallelShapes(o))
+        if ((!fixed_tp || tp == o.tp) && (!fixed_pp || pp == o.pp)) a.shapes.emplace_back(tp, pp);
+      if (a.shapes.empty())
+        return Fail(
+            fmt::format("no (tp, pp) shape of {} GPUs to search: tp divides the {} GPUs per node and the heads, pp "
+                        "the {} layers, tp x pp the GPUs, and the batch and CP options hold at it",
+                        o.gpus, o.hardware.gpus_per_node, o.model.num_layers));
+      std::tie(o.tp, o.pp) = a.shapes.front();
+    }
+  }
   std::vector<std::vector<int64_t>> batches;
   if (!a.docs_file.empty()) {
     if (!a.paper_grid.empty()) return Fail("--paper-grid samples from --lengths, not --docs-file");
@@ -325,6 +403,7 @@ int main(int argc, char** argv) {
     if (!s.ok()) return Fail(s.message());
   }
   if (a.tolerance_sweep) return RunToleranceSweep(a, batches, strategies);
+  if (a.search) return RunSearch(a, batches, strategies);
 
   distca::WallTimer timer;
   std::vector<SimResult> results;

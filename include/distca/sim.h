@@ -218,6 +218,36 @@ Status ValidateSimOptions(const SimOptions& options);
 Status Simulate(const SimOptions& options, const std::vector<std::vector<int64_t>>& batches,
                 const std::vector<SimStrategy>& strategies, std::vector<SimResult>* results);
 
+// Sizing a job: every (tp, pp) shape of options.gpus devices that
+// ValidateSimOptions accepts with tp dividing the profile's gpus_per_node (a
+// tensor-parallel group stays inside a node), in increasing tp, then pp.
+std::vector<std::pair<int, int>> ParallelShapes(const SimOptions& options);
+
+// One strategy's best shape (SearchParallelism).
+struct ShapeChoice {
+  int tp = 0, pp = 0;
+  SimResult result;  // at that shape; speedup is over wlb-ideal's best shape
+};
+// One shape tried: per strategy (in `strategies` order) its result, or why
+// it could not be simulated there.
+struct ShapeTrial {
+  int tp = 0, pp = 0;
+  std::vector<Status> status;
+  std::vector<SimResult> results;
+};
+
+// Simulates `batches` at each (tp, pp) of `shapes` (e.g. ParallelShapes;
+// options' tp and pp are ignored) and picks, per strategy, the fastest shape
+// whose memory fits (memory_fits), or, when none fits, the one with the least
+// memory. best: in `strategies` order, speedup over the best wlb-ideal when
+// it is among them (else 0). trials: every shape, in order. A strategy that
+// cannot run at a shape (e.g. a batch size its ranks do not divide, a CAD
+// layout over the comm budget) is skipped there with its reason; an error
+// names a strategy no shape could run, or says that `shapes` is empty.
+Status SearchParallelism(const SimOptions& options, const std::vector<std::vector<int64_t>>& batches,
+                         const std::vector<SimStrategy>& strategies, const std::vector<std::pair<int, int>>& shapes,
+                         std::vector<ShapeChoice>* best, std::vector<ShapeTrial>* trials);
+
 // Fixed batches (distca-train's --docs-file): every batch is one iteration's
 // global batch of T tokens, the same T for all; the G = gpus / (tp * pp)
 // ranks of a stage hold T / G tokens each, i.e. one chunk of L = T / G per
