@@ -6,7 +6,7 @@ after any change to the simulator or a hardware profile.
 
 Usage: bench/sim_report.py [--bin build/bin/distca-sim] [--hardware FILE] [--out DIR]
 (relative paths are taken from the repository root). Needs only python3
-(Debian's) and a built distca-sim; takes about 20 s on 2 cores.
+(Debian's) and a built distca-sim; takes about 70 s on 2 cores.
 """
 import argparse
 import csv
@@ -127,6 +127,33 @@ def main():
         speed = [float(s["distca"]["speedup"]) / float(s["distca-paper"]["speedup"]) for s in g]
         print(f"- {key}: bytes {span(ratio('bytes_moved_gb'))}x, buffer {span(ratio('max_buffer_gb'))}x, "
               f"speed {span(speed)}x ({sum(1 for v in speed if v > 1)} of {len(speed)} faster)")
+
+    print("\n## 4D, pp searched per strategy (--search --tp 8; each strategy's best shape against wlb-ideal's)\n")
+    start = time.perf_counter()
+    pp1 = {"wlb-ideal": 0, "distca-paper": 0, "distca": 0}
+    gains = {}
+    points = grids["4d"]
+    for name, s in points.items():
+        w = s["wlb-ideal"]
+        L = int(w["max_doc_len"])
+        args = ["--model", w["model"], "--gpus", w["gpus"], "--max-doc-len", w["max_doc_len"], "--batch-size",
+                w["batch_size"], "--micro-batches", w["micro_batches"], "--elongate", str(L // (64 * K)),
+                "--tp", w["tp"], "--search", "--strategies", "wlb-ideal,distca-paper,distca"]
+        if w["recompute_mlp"] in ("1", "true", "True"):
+            args.append("--recompute-mlp")
+        best = {r["strategy"]: r for r in sim.json(*args)}
+        for strategy in pp1:
+            pp1[strategy] += best[strategy]["pp"] == 1
+        for strategy in ("distca-paper", "distca"):
+            gains.setdefault((w["model"], strategy), []).append(best[strategy]["speedup_over_wlb_ideal"])
+        print(f"- {name}: wlb-ideal pp {best['wlb-ideal']['pp']} {best['wlb-ideal']['iteration_s']:.2f} s; "
+              f"distca-paper pp {best['distca-paper']['pp']} {best['distca-paper']['speedup_over_wlb_ideal']:.3f}x, "
+              f"distca pp {best['distca']['pp']} {best['distca']['speedup_over_wlb_ideal']:.3f}x")
+    print(f"- pp 1 is the best shape in {pp1['wlb-ideal']} of {len(points)} for wlb-ideal, "
+          f"{pp1['distca-paper']} for distca-paper, {pp1['distca']} for distca "
+          f"({time.perf_counter() - start:.0f} s)")
+    for (model, strategy), v in gains.items():
+        print(f"- {model} {strategy}: {span(v)}x")
 
     print("\n## Ping-pong off (slowdown of the same strategy)\n")
     for which in ("3d", "4d"):
