@@ -52,6 +52,16 @@ struct HardwareProfile {
   int gpus_per_node = 0;
   double peak_flops = 0.0;  // per device, FLOP/s at dtype_bytes precision
   double linear_mfu = 0.0;  // fraction of peak the context-independent layers reach
+  // Tensor parallelism's collectives costed on their own (optional JSON
+  // "tp_collectives"; Default: false, linear_mfu includes them): with
+  // sequence parallelism a layer's forward pass over T tokens runs two
+  // all-gathers (before the QKV projection and the MLP) and two
+  // reduce-scatters (after the O projection and the MLP) of the rank's
+  // T x h activations over its tp devices, each a ring of (tp - 1) x latency
+  // + (tp - 1) / tp x T h dtype_bytes / bandwidth on the intra-node link
+  // (inter-node when tp exceeds gpus_per_node), exposed; linear_mfu then
+  // covers the GEMMs and element-wise work only.
+  bool tp_collectives = false;
   // (query length, fraction of peak) points of core attention, q_len increasing;
   // piecewise linear in log2(q_len), clamped at both ends.
   std::vector<std::pair<double, double>> attention_efficiency;

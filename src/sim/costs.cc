@@ -14,6 +14,11 @@ RankCosts::RankCosts(const ModelConfig& m, const HardwareProfile& hw, int tp, bo
   linear_rate_ = tp * hw.peak_flops * hw.linear_mfu;
   attention_peak_ = tp * hw.peak_flops;
   linear_flops_per_token_ = 2 * h * (2 * h + 2 * h_kv) + 6 * h * m.ffn_hidden;
+  if (hw.tp_collectives && tp > 1) {
+    const LinkProfile& l = tp > hw.gpus_per_node ? hw.inter_node : hw.intra_node;
+    tp_comm_latency_ = 4.0 * (tp - 1) * l.latency_s;
+    tp_comm_per_token_ = 4.0 * (tp - 1) / tp * h * hw.dtype_bytes / l.bandwidth;
+  }
   head_flops_per_token_ = 2 * h * m.vocab_size;
   attention_flops_per_pair_ = 4.0 * m.head_dim() * m.q_heads;
   kv_bytes_per_token_ = 2 * h_kv * hw.dtype_bytes;

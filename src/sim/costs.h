@@ -25,8 +25,13 @@ class RankCosts {
   // Context-independent FLOPs of one token in one layer, forward:
   // 2h(2h + 2h_kv) + 6 h ffn, with h_kv = kv_heads * head_dim.
   double LinearFlopsPerToken() const { return linear_flops_per_token_; }
-  // Seconds of one layer's context-independent part over `tokens`, forward.
-  double LinearForward(double tokens) const { return tokens * linear_flops_per_token_ / linear_rate_; }
+  // Seconds of one layer's context-independent part over `tokens`, forward:
+  // the FLOPs at linear_mfu, plus, with the profile's tp_collectives and tp
+  // > 1, the four exposed collectives of sequence parallelism (0 for no
+  // tokens).
+  double LinearForward(double tokens) const {
+    return tokens > 0 ? tokens * (linear_flops_per_token_ / linear_rate_ + tp_comm_per_token_) + tp_comm_latency_ : 0.0;
+  }
   // Backward / forward time of a layer's context-independent part: 2, plus
   // the MLP's share of the forward FLOPs (6 h ffn of them) when the MLP is
   // recomputed in the backward pass.
@@ -111,6 +116,7 @@ class RankCosts {
   double linear_flops_per_token_, head_flops_per_token_, attention_flops_per_pair_, backward_linear_factor_;
   double kv_bytes_per_token_, hidden_bytes_per_token_, activation_bytes_per_token_;
   double pre_attention_share_, dispatch_share_fwd_, dispatch_share_bwd_, largest_exchange_share_;
+  double tp_comm_per_token_ = 0, tp_comm_latency_ = 0;  // per layer, forward (HardwareProfile::tp_collectives)
 };
 
 // Memory of one rank, in bytes per device (docs/simulator.md, "Memory").

@@ -134,6 +134,11 @@ Status ParseHardwareProfile(std::string_view text, HardwareProfile* profile) {
   DISTCA_RETURN_IF_ERROR(Number(j, where, "linear_mfu", &p.linear_mfu));
   if (p.linear_mfu > 1)
     return Status::InvalidArgument(fmt::format("{}: \"linear_mfu\" must be at most 1, got {}", where, p.linear_mfu));
+  if (j.contains("tp_collectives")) {
+    if (!j.at("tp_collectives").is_boolean())
+      return Status::InvalidArgument(where + ": \"tp_collectives\" must be true or false");
+    p.tp_collectives = j.at("tp_collectives").get<bool>();
+  }
   DISTCA_RETURN_IF_ERROR(Curve(j, &p.attention_efficiency));
   if (j.contains("attention_backward_factor")) {
     DISTCA_RETURN_IF_ERROR(Number(j, where, "attention_backward_factor", &p.attention_backward_factor));
@@ -163,6 +168,7 @@ std::string HardwareProfileJson(const HardwareProfile& p) {
   j["gpus_per_node"] = p.gpus_per_node;
   j["peak_flops"] = p.peak_flops;
   j["linear_mfu"] = p.linear_mfu;
+  if (p.tp_collectives) j["tp_collectives"] = true;
   j["attention_efficiency"] = nlohmann::ordered_json::array();
   for (const auto& [q, f] : p.attention_efficiency) j["attention_efficiency"].push_back({q, f});
   j["attention_backward_factor"] = p.attention_backward_factor;

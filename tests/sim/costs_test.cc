@@ -240,6 +240,31 @@ TEST(RankCostsTest, LinearAndHead) {
   EXPECT_DOUBLE_EQ(k.ActivationBytesPerToken(), 1664.0);
 }
 
+// With tp_collectives, a layer's forward also pays sequence parallelism's
+// two all-gathers and two reduce-scatters of the rank's T x h activations
+// over its tp devices: 4 x ((tp - 1) latency + (tp - 1) / tp x T h dt / bw).
+TEST(RankCostsTest, TensorParallelCollectives) {
+  HardwareProfile p = TestProfile();  // intra 100 GB/s + 1 us, inter 10 GB/s + 10 us, 2 GPUs per node
+  const double flops = 73728.0 * 1000;
+  EXPECT_FALSE(p.tp_collectives);  // by default linear_mfu includes them
+  p.tp_collectives = true;
+  // tp 2, inside a node: 4 x (1e-6 + 1/2 x 1000 x 64 x 2 / 1e11).
+  EXPECT_NEAR(RankCosts(TestModel(), p, 2).LinearForward(1000), flops / 1e12 + 4 * (1e-6 + 0.5 * 128e3 / 1e11), 1e-18);
+  // tp 4 spans two nodes: the inter-node link, 4 x (3 x 1e-5 + 3/4 x 128e3 / 1e10).
+  EXPECT_NEAR(RankCosts(TestModel(), p, 4).LinearForward(1000), flops / 2e12 + 4 * (3e-5 + 0.75 * 128e3 / 1e10), 1e-18);
+  // One device, or no tokens: nothing to gather.
+  EXPECT_DOUBLE_EQ(RankCosts(TestModel(), p, 1).LinearForward(1000), flops / 5e11);
+  EXPECT_EQ(RankCosts(TestModel(), p, 2).LinearForward(0), 0.0);
+  // The JSON field is a boolean.
+  std::string json = sim_test::kTestProfileJson;
+  json.replace(json.find("\"dtype_bytes\""), 0, "\"tp_collectives\": true, ");
+  HardwareProfile q;
+  ASSERT_TRUE(ParseHardwareProfile(json, &q).ok());
+  EXPECT_TRUE(q.tp_collectives);
+  json.replace(json.find("true"), 4, "1");
+  EXPECT_TRUE(Contains(ParseHardwareProfile(json, &q), "\"tp_collectives\" must be true or false"));
+}
+
 TEST(RankCostsTest, AttentionUsesPairsAndTheQueryLengthsEfficiency) {
   const RankCosts k(TestModel(), TestProfile(), 2);
   // Whole 1024 document: 1024 * 1025 / 2 pairs, 4 * 16 * 4 FLOPs each, efficiency 1.

@@ -20,6 +20,7 @@ bool Contains(const Status& s, const std::string& needle) { return s.message().f
 TEST(ProfileJsonTest, RoundTripsEveryField) {
   HardwareProfile p = TestProfile();
   p.attention_backward_factor = 3.25;
+  p.tp_collectives = true;
   p.all_to_all = LinkProfile{7e9, 2e-5};
   p.attention_tables.push_back({"t.csv", 4, 2, 16, 1.5, "ignored"});
   HardwareProfile q;
@@ -32,6 +33,7 @@ TEST(ProfileJsonTest, RoundTripsEveryField) {
   EXPECT_EQ(q.linear_mfu, p.linear_mfu);
   EXPECT_EQ(q.attention_efficiency, p.attention_efficiency);
   EXPECT_EQ(q.attention_backward_factor, 3.25);
+  EXPECT_TRUE(q.tp_collectives);
   ASSERT_EQ(q.attention_tables.size(), 1u);
   EXPECT_EQ(q.attention_tables[0].file, "t.csv");
   EXPECT_EQ(q.attention_tables[0].q_heads, 4);
