@@ -350,16 +350,23 @@ int main(int argc, char** argv) {
     if (fixed_tp && fixed_pp) return Fail("--search with both --tp and --pp has nothing to choose");
     // Every shape, or those with the given tp (or pp). Validate (and
     // sample) at the first; the search tries them all.
-    if (o.gpus > 0) {
-      for (const auto& [tp, pp] : distca::ParallelShapes(o))
-        if ((!fixed_tp || tp == o.tp) && (!fixed_pp || pp == o.pp)) a.shapes.emplace_back(tp, pp);
-      if (a.shapes.empty())
-        return Fail(
-            fmt::format("no (tp, pp) shape of {} GPUs to search: tp divides the {} GPUs per node and the heads, pp "
-                        "the {} layers, tp x pp the GPUs, and the batch and CP options hold at it",
-                        o.gpus, o.hardware.gpus_per_node, o.model.num_layers));
-      std::tie(o.tp, o.pp) = a.shapes.front();
+    if (o.gpus == 0 || o.max_doc_len == 0 || o.batch_size == 0)
+      return Fail("--gpus, --max-doc-len and --batch-size are required");
+    for (const auto& [tp, pp] : distca::ParallelShapes(o))
+      if ((!fixed_tp || tp == o.tp) && (!fixed_pp || pp == o.pp)) a.shapes.emplace_back(tp, pp);
+    if (a.shapes.empty()) {
+      // Why not, at the simplest shape the search would have tried.
+      SimOptions first = o;
+      if (!fixed_tp) first.tp = 1;
+      if (!fixed_pp) first.pp = 1;
+      const Status why = distca::ValidateSimOptions(first);
+      return Fail(
+          fmt::format("no (tp, pp) shape of {} GPUs to search: tp divides the {} GPUs per node and the heads, "
+                      "pp the {} layers, tp x pp the GPUs, and the other options hold at it{}",
+                      o.gpus, o.hardware.gpus_per_node, o.model.num_layers,
+                      why.ok() ? "" : fmt::format(" (at tp {}, pp {}: {})", first.tp, first.pp, why.message())));
     }
+    std::tie(o.tp, o.pp) = a.shapes.front();
   }
   std::vector<std::vector<int64_t>> batches;
   if (!a.docs_file.empty()) {

@@ -167,10 +167,8 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
     // All-to-alls synchronize the ranks, so each phase lasts as long as its
     // slowest rank.
     for (int pass = 0; pass < 2; ++pass) {
-      const double lin_factor = pass == 0 ? 1.0 : k.BackwardLinearFactor();
       const double head_factor = pass == 0 ? 1.0 : kBackwardLinearFactor;
       const double ca_factor = pass == 0 ? 1.0 : k.AttentionBackwardFactor();
-      const double before_share = k.BeforeAttentionShare(pass == 1);
       const double dispatch_share = k.DispatchShare(pass == 1);
       const size_t nn = costs.size();
       using PerRank = std::vector<double>;
@@ -182,15 +180,19 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
         const NanoCost& c = costs[n];
         const double share = pass == 0 ? c.forward_share : 1.0 - c.forward_share;
         for (int r = 0; r < total_ranks; ++r) {
-          double lin = lin_factor * k.LinearForward(c.tokens[r]);
-          linear_sum += lin;
+          const RankCosts::LinearSplit own = k.LinearPass(c.tokens[r], pass == 1);
+          before[n][r] = own.before;
+          after[n][r] = own.after;
+          linear_sum += own.before + own.after;
           // distca-paper: idle stages' ranks run a dummy micro-batch's linear
           // layers, split over the nano-batches.
           if (variant.dummy_bubble_work && r % stride < G &&
-              std::find(idle.begin(), idle.end(), r / stride) != idle.end())
-            lin += lin_factor * k.LinearForward(rank_tokens) / double(nn);
-          before[n][r] = before_share * lin;
-          after[n][r] = lin - before[n][r];
+              std::find(idle.begin(), idle.end(), r / stride) != idle.end()) {
+            const RankCosts::LinearSplit dummy = k.LinearPass(rank_tokens, pass == 1);
+            before[n][r] += dummy.before / double(nn);
+            after[n][r] += dummy.after / double(nn);
+          }
+          const double lin = before[n][r] + after[n][r];
           ca[n][r] = ca_factor * c.attention[r];
           attention_sum += ca[n][r];
           compute[r] += lin + ca[n][r];
@@ -261,8 +263,7 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
       // exposed transfer counts for the stages that hold tokens in this tick.
       (pass == 0 ? b.forward_linear_s : b.backward_linear_s) += linear_sum / (P * G);
       (pass == 0 ? b.forward_attention_s : b.backward_attention_s) += attention_sum / (P * G);
-      (pass == 0 ? b.forward_comm_s : b.backward_comm_s) +=
-          (pass_s / layers - max_compute) * double(active.size()) / P;
+      (pass == 0 ? b.forward_comm_s : b.backward_comm_s) += (pass_s / layers - max_compute) * double(active.size()) / P;
     }
 
     for (int r = 0; r < total_ranks; ++r) {

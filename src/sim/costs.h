@@ -30,7 +30,13 @@ class RankCosts {
   // > 1, the four exposed collectives of sequence parallelism (0 for no
   // tokens).
   double LinearForward(double tokens) const {
-    return tokens > 0 ? tokens * (linear_flops_per_token_ / linear_rate_ + tp_comm_per_token_) + tp_comm_latency_ : 0.0;
+    return tokens > 0 ? tokens * linear_flops_per_token_ / linear_rate_ + TpCollectives(tokens) : 0.0;
+  }
+  // The tensor-parallel collectives' part of LinearForward(tokens): 0
+  // without tp_collectives, for tp 1 or for no tokens.
+  double TpCollectives(double tokens) const {
+    return tokens > 0 && tp_comm_latency_ + tp_comm_per_token_ > 0 ? tokens * tp_comm_per_token_ + tp_comm_latency_
+                                                                   : 0.0;
   }
   // Backward / forward time of a layer's context-independent part: 2, plus
   // the MLP's share of the forward FLOPs (6 h ffn of them) when the MLP is
@@ -42,6 +48,22 @@ class RankCosts {
   double BeforeAttentionShare(bool backward) const {
     return backward ? 1.0 - kBackwardLinearFactor * pre_attention_share_ / backward_linear_factor_
                     : pre_attention_share_;
+  }
+  // One layer's linear part over `tokens` in a pass (forward, or backward:
+  // BackwardLinearFactor times the forward), split around core attention:
+  // the FLOPs by BeforeAttentionShare, the tensor-parallel collectives by
+  // their order (forward: the all-gather before the QKV projection, 1 of 4;
+  // backward: those of the MLP and the O projection, 3 of 4).
+  struct LinearSplit {
+    double before = 0, after = 0;
+  };
+  LinearSplit LinearPass(double tokens, bool backward) const {
+    const double factor = backward ? backward_linear_factor_ : 1.0;
+    const double comm = TpCollectives(tokens), flops = LinearForward(tokens) - comm;
+    LinearSplit s;
+    s.before = factor * (BeforeAttentionShare(backward) * flops + (backward ? 0.75 : 0.25) * comm);
+    s.after = factor * (flops + comm) - s.before;
+    return s;
   }
   // LM head (2 h V FLOPs per token), forward; runs on the last stage only.
   double HeadForward(double tokens) const { return tokens * head_flops_per_token_ / linear_rate_; }

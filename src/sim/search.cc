@@ -3,15 +3,18 @@
 // "Choosing tp and pp").
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "distca/sim.h"
 
 namespace distca {
 
 std::vector<std::pair<int, int>> ParallelShapes(const SimOptions& options) {
   std::vector<std::pair<int, int>> shapes;
-  for (int tp = 1; tp <= options.hardware.gpus_per_node; ++tp) {
+  // tp x pp <= gpus keeps every product in range.
+  for (int tp = 1; tp <= std::min(options.hardware.gpus_per_node, options.gpus); ++tp) {
     if (options.hardware.gpus_per_node % tp != 0) continue;
-    for (int pp = 1; pp <= options.model.num_layers; ++pp) {
+    for (int pp = 1; pp <= std::min(options.model.num_layers, options.gpus / tp); ++pp) {
       if (options.model.num_layers % pp != 0 || options.gpus % (tp * pp) != 0) continue;
       SimOptions o = options;
       o.tp = tp;

@@ -27,6 +27,13 @@ TEST(ParallelShapesTest, TpWithinANodePpDividingTheLayersBothDividingTheGpus) {
   o.model.q_heads = 6;  // tp 4 does not divide 6 query heads
   o.model.hidden = 96;
   EXPECT_EQ(ParallelShapes(o), (Shapes{{1, 1}, {1, 2}, {2, 1}, {2, 2}}));
+  // Huge nodes and many layers: tp x pp stays within the GPUs (no overflow).
+  o = TestOptions();
+  o.gpus = 16;
+  o.hardware.gpus_per_node = 1 << 20;
+  o.model.num_layers = 4096;
+  EXPECT_EQ(ParallelShapes(o),
+            (Shapes{{1, 1}, {1, 2}, {1, 4}, {1, 8}, {1, 16}, {2, 1}, {2, 2}, {2, 4}, {2, 8}, {4, 1}, {4, 2}, {4, 4}}));
 }
 
 // What SearchParallelism must pick, from each shape simulated on its own.
@@ -95,6 +102,28 @@ TEST(SearchParallelismTest, FastestShapeThatFitsPerStrategy) {
     if (capacity == 1.0) {
       EXPECT_FALSE(best[0].result.memory_fits);
     }
+  }
+}
+
+TEST(SearchParallelismTest, AStrategyThatCannotRunAtTheFirstShapesPicksAmongTheOthers) {
+  SimOptions o = TestOptions();
+  o.gpus = 4;
+  o.batch_size = 2;  // colocated needs the stage's ranks to divide it: not 4 (tp 1, pp 1)
+  const std::vector<std::vector<int64_t>> batches = {{1024, 512, 256, 256}, {2048}};
+  const std::vector<SimStrategy> strategies = {SimStrategy::kWlbIdeal, SimStrategy::kColocated};
+  std::vector<ShapeChoice> best;
+  std::vector<ShapeTrial> trials;
+  ASSERT_TRUE(SearchParallelism(o, batches, strategies, ParallelShapes(o), &best, &trials).ok());
+  ASSERT_EQ(trials.size(), 4u);
+  EXPECT_EQ(std::pair(trials[0].tp, trials[0].pp), std::pair(1, 1));
+  EXPECT_TRUE(trials[0].status[0].ok());
+  EXPECT_FALSE(trials[0].status[1].ok());
+  EXPECT_NE(trials[0].status[1].message().find("colocated"), std::string::npos) << trials[0].status[1].message();
+  for (size_t t = 1; t < trials.size(); ++t) EXPECT_TRUE(trials[t].status[1].ok()) << t;
+  for (size_t i = 0; i < strategies.size(); ++i) {
+    const Expected want = Pick(o, batches, strategies[i]);
+    EXPECT_EQ(std::pair(best[i].tp, best[i].pp), std::pair(want.tp, want.pp)) << SimStrategyName(strategies[i]);
+    EXPECT_EQ(best[i].result.iteration_s, want.iteration_s);
   }
 }
 

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <string>
 
 #include "distca/plan.h"
 #include "sim/costs.h"
@@ -278,16 +279,18 @@ TEST(CadTest, OneDocumentOneRankIsTheColocatedTime) {
 // plans: with ping-pong of the two nano-batches SplitNanoBatches makes,
 // without it of the whole wave. Per rank r and nano-batch n: linear over the
 // tokens it holds, split into the part before attention (share p = 2/9 of
-// the test model forward, 7/9 backward) and after it; CA = its load / 2e12
-// (efficiency 1 everywhere); the dispatch and the return all-to-alls of its
-// bytes (forward or backward share, split 0.64 / 0.36 forward, 0.52 / 0.48
-// backward) across nodes. A phase lasts as long as its slowest rank:
-//   ping-pong on, the 2 layers of a pass, fill and drain included:
+// the test model's FLOPs forward, 7/9 backward; of the tensor-parallel
+// collectives, when the profile costs them, 1/4 forward, 3/4 backward) and
+// after it; CA = its load / 2e12 (efficiency 1 everywhere); the dispatch and
+// the return all-to-alls of its bytes (forward or backward share, split 0.64
+// / 0.36 forward, 0.52 / 0.48 backward) across nodes. A phase lasts as long
+// as its slowest rank. With L = o.model.num_layers:
+//   ping-pong on, fill and drain included:
 //     max_r before_0 + max_r max(before_1, out_0)                        (layer 1 opens)
-//     + 2 (max_r max(ca_0, out_1) + max_r max(ca_1, back_0))
-//     + max_r max(after_0 + before_0, back_1) + max_r max(after_1 + before_1, out_0)  (1 -> 2)
-//     + max_r max(after_0, back_1) + max_r after_1                        (layer 2 closes)
-//   ping-pong off: 2 sum_n (max_r before + max_r out + max_r ca + max_r back + max_r after)
+//     + L (max_r max(ca_0, out_1) + max_r max(ca_1, back_0))
+//     + (L - 1) (max_r max(after_0 + before_0, back_1) + max_r max(after_1 + before_1, out_0))
+//     + max_r max(after_0, back_1) + max_r after_1                        (layer L closes)
+//   ping-pong off: L sum_n (max_r before + max_r out + max_r ca + max_r back + max_r after)
 // `steady`, when given, gets the ping-pong iteration without fill and drain
 // (every layer as the steady state).
 double PlannedIteration(const SimOptions& o, const std::vector<int64_t>& docs, PlanPolicy policy, bool ping_pong,
@@ -300,12 +303,14 @@ double PlannedIteration(const SimOptions& o, const std::vector<int64_t>& docs, P
     for (size_t d = 0; d < docs.size(); ++d) nano_index[0].push_back(int(d));
   }
   const sim::RankCosts k(o.model, o.hardware, o.tp);
+  const double L = o.model.num_layers;
   const size_t nn = nano_index.size();
   double pass_s[2] = {0, 0}, steady_s[2] = {0, 0};
   *bytes = 0;
   for (int pass = 0; pass < 2; ++pass) {
     const double lin_factor = pass == 0 ? 1.0 : 2.0, ca_factor = pass == 0 ? 1.0 : 2.5;
     const double before_share = pass == 0 ? 2.0 / 9 : 7.0 / 9, out_share = pass == 0 ? 0.64 : 0.52;
+    const double collectives_before = pass == 0 ? 0.25 : 0.75;
     using Grid = std::vector<std::vector<double>>;
     Grid before(nn, std::vector<double>(2, 0.0)), after = before, ca = before, out = before, back = before;
     for (size_t n = 0; n < nn; ++n) {
@@ -319,7 +324,7 @@ double PlannedIteration(const SimOptions& o, const std::vector<int64_t>& docs, P
       Plan plan;
       EXPECT_TRUE(BuildPlan(nano, po, CostModel::Flops(po.model), &plan).ok());
       const PlanTraffic& t = plan.stats.traffic;
-      if (pass == 0) *bytes += 2.0 * double(t.total_bytes());  // 2 layers
+      if (pass == 0) *bytes += L * double(t.total_bytes());
       const double share = t.total_bytes() == 0 ? 0.0
                            : pass == 0          ? double(t.forward_bytes) / double(t.total_bytes())
                                                 : double(t.backward_bytes) / double(t.total_bytes());
@@ -327,9 +332,10 @@ double PlannedIteration(const SimOptions& o, const std::vector<int64_t>& docs, P
       for (const PlanDocument& d : plan.documents)
         for (const PlanPiece& p : d.pieces) tokens[p.rank] += double(p.end - p.begin);
       for (int r = 0; r < 2; ++r) {
-        const double lin = lin_factor * k.LinearForward(tokens[r]);
-        before[n][r] = before_share * lin;
-        after[n][r] = lin - before[n][r];
+        const double comm = lin_factor * k.TpCollectives(tokens[r]);
+        const double flops = lin_factor * k.LinearForward(tokens[r]) - comm;
+        before[n][r] = before_share * flops + collectives_before * comm;
+        after[n][r] = flops + comm - before[n][r];
         ca[n][r] = ca_factor * plan.stats.load[r] / 2e12;
         if (t.sent[r] > 0 || t.received[r] > 0) {
           out[n][r] = k.AllToAll(out_share * share * t.sent[r], out_share * share * t.received[r], true);
@@ -339,22 +345,20 @@ double PlannedIteration(const SimOptions& o, const std::vector<int64_t>& docs, P
     }
     auto slowest = [](auto&& f) { return std::max(f(0), f(1)); };
     if (nn == 2) {
-      pass_s[pass] = slowest([&](int r) { return before[0][r]; }) +
-                     slowest([&](int r) { return std::max(before[1][r], out[0][r]); }) +
-                     2 * slowest([&](int r) { return std::max(ca[0][r], out[1][r]); }) +
-                     2 * slowest([&](int r) { return std::max(ca[1][r], back[0][r]); }) +
-                     slowest([&](int r) { return std::max(after[0][r] + before[0][r], back[1][r]); }) +
-                     slowest([&](int r) { return std::max(after[1][r] + before[1][r], out[0][r]); }) +
-                     slowest([&](int r) { return std::max(after[0][r], back[1][r]); }) +
-                     slowest([&](int r) { return after[1][r]; });
-      steady_s[pass] = 2 * (slowest([&](int r) { return std::max(after[1][r] + before[1][r], out[0][r]); }) +
-                            slowest([&](int r) { return std::max(ca[0][r], out[1][r]); }) +
-                            slowest([&](int r) { return std::max(ca[1][r], back[0][r]); }) +
-                            slowest([&](int r) { return std::max(after[0][r] + before[0][r], back[1][r]); }));
+      const double open = slowest([&](int r) { return before[0][r]; }) +
+                          slowest([&](int r) { return std::max(before[1][r], out[0][r]); });
+      const double attention = slowest([&](int r) { return std::max(ca[0][r], out[1][r]); }) +
+                               slowest([&](int r) { return std::max(ca[1][r], back[0][r]); });
+      const double boundary = slowest([&](int r) { return std::max(after[0][r] + before[0][r], back[1][r]); }) +
+                              slowest([&](int r) { return std::max(after[1][r] + before[1][r], out[0][r]); });
+      const double close = slowest([&](int r) { return std::max(after[0][r], back[1][r]); }) +
+                           slowest([&](int r) { return after[1][r]; });
+      pass_s[pass] = open + L * attention + (L - 1) * boundary + close;
+      steady_s[pass] = L * (attention + boundary);
     } else {
       for (size_t n = 0; n < nn; ++n)
         for (const Grid* g : {&before, &out, &ca, &back, &after})
-          pass_s[pass] += 2 * slowest([&](int r) { return (*g)[n][r]; });
+          pass_s[pass] += L * slowest([&](int r) { return (*g)[n][r]; });
     }
   }
   const double head = k.HeadForward(head_tokens);
@@ -367,20 +371,34 @@ TEST(CadTest, CostsThePlannersTasksAndTraffic) {
   o.comm_budget = 0;
   o.hardware.attention_efficiency = {{1.0, 1.0}};
   const std::vector<int64_t> docs = {1024, 256, 256, 256, 256};
-  for (bool ping_pong : {true, false}) {
-    o.ping_pong = ping_pong;
-    for (SimStrategy s : {SimStrategy::kDistca, SimStrategy::kDistcaPaper}) {
-      const PlanPolicy policy = s == SimStrategy::kDistca ? PlanPolicy::kDistca : PlanPolicy::kPaper;
-      double bytes = 0, steady = 0;
-      const double want = PlannedIteration(o, docs, policy, ping_pong, &bytes, 1024, &steady);
-      ASSERT_GT(bytes, 0) << SimStrategyName(s) << " ping-pong " << ping_pong;
-      // The case exposes traffic at the pass's ends: fill and drain show.
-      if (ping_pong) {
-        EXPECT_GT(want, steady * (1 + 1e-3)) << SimStrategyName(s);
+  // 1 layer (no steady boundary), 2 and 3; with and without the TP collectives.
+  for (int layers : {1, 2, 3}) {
+    for (bool collectives : {false, true}) {
+      o.model.num_layers = layers;
+      o.hardware.tp_collectives = collectives;
+      for (bool ping_pong : {true, false}) {
+        o.ping_pong = ping_pong;
+        for (SimStrategy s : {SimStrategy::kDistca, SimStrategy::kDistcaPaper}) {
+          const std::string what = std::string(SimStrategyName(s)) + ", " + std::to_string(layers) +
+                                   " layers, collectives " + std::to_string(collectives) + ", ping-pong " +
+                                   std::to_string(ping_pong);
+          const PlanPolicy policy = s == SimStrategy::kDistca ? PlanPolicy::kDistca : PlanPolicy::kPaper;
+          double bytes = 0, steady = 0;
+          const double want = PlannedIteration(o, docs, policy, ping_pong, &bytes, 1024, &steady);
+          ASSERT_GT(bytes, 0) << what;
+          // Fill and drain only add; without the collectives' extra cover
+          // this case exposes traffic at the pass's ends, so they show.
+          if (ping_pong) {
+            EXPECT_GE(want, steady) << what;
+            if (!collectives) {
+              EXPECT_GT(want, steady * (1 + 1e-3)) << what;
+            }
+          }
+          const SimResult r = SimulateOne(o, {docs}, s);
+          EXPECT_NEAR(r.iteration_s, want, want * kRel) << what;
+          EXPECT_DOUBLE_EQ(r.bytes_moved, bytes) << what;
+        }
       }
-      const SimResult r = SimulateOne(o, {docs}, s);
-      EXPECT_NEAR(r.iteration_s, want, want * kRel) << SimStrategyName(s) << " ping-pong " << ping_pong;
-      EXPECT_DOUBLE_EQ(r.bytes_moved, bytes);
     }
   }
 }
