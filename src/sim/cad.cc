@@ -171,6 +171,9 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
       const double ca_factor = pass == 0 ? 1.0 : k.AttentionBackwardFactor();
       const double dispatch_share = k.DispatchShare(pass == 1);
       const size_t nn = costs.size();
+      // distca-paper: idle stages' ranks run a dummy micro-batch's linear
+      // layers, split over the nano-batches.
+      const RankCosts::LinearSplit dummy = k.LinearPass(rank_tokens, pass == 1);
       using PerRank = std::vector<double>;
       std::vector<PerRank> before(nn, PerRank(total_ranks, 0.0)), after = before, ca = before, dispatch = before,
                                                                   back = before;
@@ -184,11 +187,8 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
           before[n][r] = own.before;
           after[n][r] = own.after;
           linear_sum += own.before + own.after;
-          // distca-paper: idle stages' ranks run a dummy micro-batch's linear
-          // layers, split over the nano-batches.
           if (variant.dummy_bubble_work && r % stride < G &&
               std::find(idle.begin(), idle.end(), r / stride) != idle.end()) {
-            const RankCosts::LinearSplit dummy = k.LinearPass(rank_tokens, pass == 1);
             before[n][r] += dummy.before / double(nn);
             after[n][r] += dummy.after / double(nn);
           }

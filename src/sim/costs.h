@@ -29,14 +29,11 @@ class RankCosts {
   // the FLOPs at linear_mfu, plus, with the profile's tp_collectives and tp
   // > 1, the four exposed collectives of sequence parallelism (0 for no
   // tokens).
-  double LinearForward(double tokens) const {
-    return tokens > 0 ? tokens * linear_flops_per_token_ / linear_rate_ + TpCollectives(tokens) : 0.0;
-  }
+  double LinearForward(double tokens) const { return LinearFlopsSeconds(tokens) + TpCollectives(tokens); }
   // The tensor-parallel collectives' part of LinearForward(tokens): 0
-  // without tp_collectives, for tp 1 or for no tokens.
+  // without tp_collectives (both terms are 0), for tp 1 or for no tokens.
   double TpCollectives(double tokens) const {
-    return tokens > 0 && tp_comm_latency_ + tp_comm_per_token_ > 0 ? tokens * tp_comm_per_token_ + tp_comm_latency_
-                                                                   : 0.0;
+    return tokens > 0 ? tokens * tp_comm_per_token_ + tp_comm_latency_ : 0.0;
   }
   // Backward / forward time of a layer's context-independent part: 2, plus
   // the MLP's share of the forward FLOPs (6 h ffn of them) when the MLP is
@@ -59,7 +56,7 @@ class RankCosts {
   };
   LinearSplit LinearPass(double tokens, bool backward) const {
     const double factor = backward ? backward_linear_factor_ : 1.0;
-    const double comm = TpCollectives(tokens), flops = LinearForward(tokens) - comm;
+    const double comm = TpCollectives(tokens), flops = LinearFlopsSeconds(tokens);
     LinearSplit s;
     s.before = factor * (BeforeAttentionShare(backward) * flops + (backward ? 0.75 : 0.25) * comm);
     s.after = factor * (flops + comm) - s.before;
@@ -127,6 +124,11 @@ class RankCosts {
   int tp() const { return tp_; }
 
  private:
+  // The FLOPs' part of LinearForward.
+  double LinearFlopsSeconds(double tokens) const {
+    return tokens > 0 ? tokens * linear_flops_per_token_ / linear_rate_ : 0.0;
+  }
+
   HardwareProfile hw_;
   int tp_;
   // The profile's measured attention table nearest to the rank's heads, with
