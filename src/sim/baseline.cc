@@ -95,7 +95,14 @@ Status RunContextParallel(const SimContext& ctx, const std::vector<CpStageCost>&
       // Gathered K/V kept for the backward pass: (c - 1) ranks' share of
       // every layer of each micro-batch in flight.
       const double kept_kv = keeps_gathered_kv ? act * (c - 1) * k.KvBytesPerToken() : 0.0;
-      MemoryInput mem{ctx.stage_params, G, act, buffer + kept_kv};
+      MemoryInput mem;
+      mem.stage_params = ctx.stage_params;
+      mem.optimizer_shards = G;
+      mem.activation_tokens = act;
+      // The last stage also holds the logits of the micro-batch it runs (the
+      // largest one, for the bound).
+      mem.logits_tokens = s == stages - 1 && !held.empty() ? held.front() : 0.0;
+      mem.buffer_bytes = buffer + kept_kv;
       for (int j = 0; j < c; ++j) {
         const size_t rank = size_t(s) * G + size_t(r) * c + j;
         o.busy_s[rank] = run.busy.empty() ? 0.0 : run.busy[s];

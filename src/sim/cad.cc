@@ -34,12 +34,18 @@ int64_t Sum(const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v
 
 double CadMemoryBytes(const SimContext& ctx, int c) {
   const SimOptions& o = ctx.options;
+  const double tokens = ctx.CadRankTokens(c);
   MemoryInput mem;
   mem.stage_params = ctx.stage_params;
   mem.optimizer_shards = ctx.stage_ranks;
-  mem.activation_tokens = ctx.CadRankTokens(c) * ctx.InFlight(ctx.MicroBatchesPerReplica(c)) * ctx.stage_layers;
   mem.buffer_bytes = double(o.comm_budget) * o.tp;
-  return DeviceMemoryBytes(ctx.costs, mem);
+  // The first stage holds the most waves in flight, the last one a single
+  // wave and its logits; with one stage they are the same.
+  mem.activation_tokens = tokens * ctx.InFlight(ctx.MicroBatchesPerReplica(c)) * ctx.stage_layers;
+  const double first = o.pp > 1 ? DeviceMemoryBytes(ctx.costs, mem) : 0.0;
+  mem.activation_tokens = tokens * ctx.stage_layers;
+  mem.logits_tokens = tokens;
+  return std::max(first, DeviceMemoryBytes(ctx.costs, mem));
 }
 
 Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int c_min, const CadVariant& variant,
@@ -292,6 +298,7 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
         mem.stage_params = ctx.stage_params;
         mem.optimizer_shards = G;
         mem.activation_tokens = held_max[r] * std::min(P - s, m) * ctx.stage_layers;
+        if (s == P - 1) mem.logits_tokens = held_max[r];  // the logits of its largest wave
       }
       mem.buffer_bytes = fixed_buffer ? double(opt.comm_budget) * opt.tp : buffer_max[r];
       o.memory_bytes[r] = DeviceMemoryBytes(k, mem);

@@ -27,6 +27,7 @@ RankCosts::RankCosts(const ModelConfig& m, const HardwareProfile& hw, int tp, bo
   backward_linear_factor_ =
       kBackwardLinearFactor + (recompute_mlp ? mlp_flops_per_token / linear_flops_per_token_ : 0.0);
   activation_bytes_per_token_ = (12 * h + 4 * h_kv + (recompute_mlp ? 0.0 : 6.0 * m.ffn_hidden)) * hw.dtype_bytes / 2.0;
+  logits_bytes_per_token_ = double(m.vocab_size) * (hw.dtype_bytes + 4.0);
   pre_attention_share_ = (h + 2 * h_kv) / (2 * h + 2 * h_kv + 3.0 * m.ffn_hidden);
   const double q_row = double(m.q_heads) * m.head_dim() * hw.dtype_bytes;  // Q, O, dO, dQ
   const double kv_row = 2 * h_kv * hw.dtype_bytes;                         // K and V
@@ -99,7 +100,8 @@ double DeviceMemoryBytes(const RankCosts& costs, const MemoryInput& in) {
   // bf16 weights (2 B) + fp32 gradients (4 B), replicated; fp32 master
   // weights + Adam m and v (12 B), sharded over the data-parallel ranks.
   const double states = in.stage_params * (2.0 + 4.0) + in.stage_params * 12.0 / std::max(1, in.optimizer_shards);
-  const double activations = in.activation_tokens * costs.ActivationBytesPerToken();
+  const double activations = in.activation_tokens * costs.ActivationBytesPerToken() +
+                             in.logits_tokens * costs.LogitsBytesPerToken();
   return (states + activations + in.buffer_bytes) / costs.tp();
 }
 

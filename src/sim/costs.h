@@ -101,6 +101,14 @@ class RankCosts {
   // 4h-GeLU MLP with dropout this is Korthikanti et al. 2022's 34 s b h;
   // Llama-3-8B happens to land on 34 h too, Llama-34B on 28.6 h.
   double ActivationBytesPerToken() const { return activation_bytes_per_token_; }
+  // Bytes the output layer's logits take per token on one rank (all tp
+  // devices) while a micro-batch's loss is live: the vocab-parallel logits
+  // in the working precision plus the float32 copy that Megatron-Core's
+  // vocab-parallel cross entropy makes (VocabParallelCrossEntropy::
+  // calculate_logits_max) and keeps, as the softmax, for the backward pass:
+  // vocab * (dtype_bytes + 4). With sequence parallelism every tp device
+  // computes all of the rank's tokens against its vocab / tp columns.
+  double LogitsBytesPerToken() const { return logits_bytes_per_token_; }
   // Share of a layer's context-independent FLOPs that run before core
   // attention in the forward pass (the QKV projection): (h + 2 h_kv) /
   // (2h + 2 h_kv + 3 ffn). The rest (O projection, MLP) runs after it; the
@@ -138,7 +146,7 @@ class RankCosts {
   double table_scale_ = 1.0;             // the table's scale times the rank's query heads over the table's
   double linear_rate_, attention_peak_;  // FLOP/s of the rank
   double linear_flops_per_token_, head_flops_per_token_, attention_flops_per_pair_, backward_linear_factor_;
-  double kv_bytes_per_token_, hidden_bytes_per_token_, activation_bytes_per_token_;
+  double kv_bytes_per_token_, hidden_bytes_per_token_, activation_bytes_per_token_, logits_bytes_per_token_;
   double pre_attention_share_, dispatch_share_fwd_, dispatch_share_bwd_, largest_exchange_share_;
   double tp_comm_per_token_ = 0, tp_comm_latency_ = 0;  // per layer, forward (HardwareProfile::tp_collectives)
 };
@@ -148,6 +156,7 @@ struct MemoryInput {
   double stage_params = 0;       // parameters this rank's stage holds (0 for attention-only servers)
   int optimizer_shards = 1;      // ranks the distributed optimizer shards over
   double activation_tokens = 0;  // tokens whose activations are held at once, times layers of the stage
+  double logits_tokens = 0;      // last stage: tokens of the micro-batch whose logits are live (else 0)
   double buffer_bytes = 0;       // KV all-gather or CAD send + receive buffers (whole rank)
 };
 double DeviceMemoryBytes(const RankCosts& costs, const MemoryInput& in);

@@ -332,6 +332,11 @@ TEST(RankCostsTest, MemoryPerDevice) {
   in.buffer_bytes = 100;
   // (1000 * (2 + 4) + 1000 * 12 / 4 + 10 * 1664 + 100) / 2 devices.
   EXPECT_DOUBLE_EQ(sim::DeviceMemoryBytes(k, in), (6000.0 + 3000 + 16640 + 100) / 2);
+  // The last stage's logits: bf16 and their float32 copy, 256 x (2 + 4) B
+  // per token, on top.
+  EXPECT_DOUBLE_EQ(k.LogitsBytesPerToken(), 1536.0);
+  in.logits_tokens = 3;
+  EXPECT_DOUBLE_EQ(sim::DeviceMemoryBytes(k, in), (6000.0 + 3000 + 16640 + 3 * 1536 + 100) / 2);
 }
 
 }  // namespace

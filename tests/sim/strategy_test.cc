@@ -77,10 +77,11 @@ TEST(MegatronTest, ContextParallelPaysTheAllGather) {
   EXPECT_NEAR(r.breakdown.forward_comm_s, 2 * ag, ag * kRel);
   EXPECT_EQ(r.cp, 2);
   // Memory per device (tp 2): bf16 weights + fp32 grads, the optimizer over
-  // the 2 ranks, one micro-batch's 512 tokens x 2 layers of 1664 bytes, and
-  // the gathered K/V plus their dK/dV partials (2 x 1024 x 128 bytes).
+  // the 2 ranks, one micro-batch's 512 tokens x 2 layers of 1664 bytes and
+  // their logits (256 x (2 + 4) bytes each), and the gathered K/V plus their
+  // dK/dV partials (2 x 1024 x 128 bytes).
   const double params = double(ParameterCount(o.model));
-  const double mem = (params * 6 + params * 12 / 2 + 512.0 * 2 * 1664 + 2 * 1024.0 * 128) / 2;
+  const double mem = (params * 6 + params * 12 / 2 + 512.0 * 2 * 1664 + 512.0 * 1536 + 2 * 1024.0 * 128) / 2;
   EXPECT_NEAR(r.memory_max_bytes, mem, mem * kRel);
   EXPECT_TRUE(r.memory_fits);
 }
@@ -429,8 +430,8 @@ TEST(CadTest, CMinIsTheSmallestDegreeWhoseTokensFit) {
   o.comm_budget = 1'000'000'000;  // per device, allocated: counted in memory
   o.hardware.attention_efficiency = {{1.0, 1.0}};
   const double params = double(ParameterCount(o.model));
-  auto memory = [&](double tokens) {
-    return (params * 6 + params * 12 / 2 + tokens * 2 * 1664 + 1e9 * 2) / 2;  // 2 layers, tp 2
+  auto memory = [&](double tokens) {  // 2 layers, the logits (256 x (2 + 4) B), tp 2
+    return (params * 6 + params * 12 / 2 + tokens * 2 * 1664 + tokens * 1536 + 1e9 * 2) / 2;
   };
   for (SimStrategy s : {SimStrategy::kDistca, SimStrategy::kDistcaPaper}) {
     o.hardware.memory_bytes = memory(1024);
@@ -482,6 +483,18 @@ TEST(PipelineStrategiesTest, OneFOneBAgainstAlignedTicks) {
   EXPECT_NEAR(paper.iteration_s, aligned, aligned * kRel);
   // The paper's bubbles run dummy linear work: busier, not faster.
   EXPECT_LT(paper.idle_fraction, distca.idle_fraction);
+  // Memory per device (tp 2): each stage holds half the weights (the
+  // optimizer unsharded, G = 1); stage 0 the activations of both
+  // micro-batches in flight, stage 1 one micro-batch's and its logits (256 x
+  // (2 + 4) bytes a token); CAD also its allocated buffer, comm_budget per
+  // device.
+  const double states = double(ParameterCount(o.model)) / 2 * (6 + 12);
+  const double first = (states + 2 * 1024.0 * 1664) / 2, last = (states + 1024.0 * 1664 + 1024.0 * 1536) / 2;
+  for (const SimResult* r : {&mega, &distca}) {
+    const double buffer = r == &distca ? double(o.comm_budget) : 0.0;
+    EXPECT_NEAR(r->memory_max_bytes, std::max(first, last) + buffer, first * kRel);
+    EXPECT_NEAR(r->memory_mean_bytes, (first + last) / 2 + buffer, first * kRel);
+  }
 }
 
 TEST(SimulateTest, SpeedupIsOverWlbIdeal) {
