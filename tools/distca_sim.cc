@@ -40,7 +40,8 @@ struct Args {
   distca::GridRecipe grid_recipe;
   SimOptions sim;
   int batches = 30;
-  bool no_ping_pong = false, json = false, tolerance_sweep = false, breakdown = false, search = false;
+  bool no_ping_pong = false, no_grad_sync = false, json = false, tolerance_sweep = false, breakdown = false,
+       search = false;
   std::vector<std::pair<int, int>> shapes;  // --search: the (tp, pp) shapes to try
 };
 
@@ -71,6 +72,7 @@ nlohmann::json ToJson(const SimOptions& o, const SimResult& r) {
           {"max_doc_len", o.max_doc_len},
           {"batch_size", o.batch_size},
           {"ping_pong", o.ping_pong},
+          {"grad_sync", o.grad_sync},
           {"micro_batches", o.micro_batches},
           {"recompute_mlp", o.recompute_mlp},
           {"wlb_scope", distca::WlbScopeName(o.wlb_scope)},
@@ -86,6 +88,7 @@ nlohmann::json ToJson(const SimOptions& o, const SimResult& r) {
           {"max_buffer_bytes", r.max_buffer_bytes},
           {"cp", r.cp},
           {"tolerance_used", r.tolerance_used},
+          {"grad_sync_s", r.grad_sync_s},
           {"breakdown_per_layer_s",
            {{"forward_linear", b.forward_linear_s},
             {"backward_linear", b.backward_linear_s},
@@ -300,6 +303,8 @@ int main(int argc, char** argv) {
   app.add_option("--servers", o.dedicated_servers, "distca: dedicated attention servers per stage (Default: 0)")
       ->check(nonneg);
   app.add_flag("--no-ping-pong", a.no_ping_pong, "CAD without nano-batch overlap");
+  app.add_flag("--no-grad-sync", a.no_grad_sync,
+               "leave out the data-parallel gradient sync that closes each iteration (as if fully overlapped)");
   app.add_option("--wlb-scope", a.wlb_scope,
                  "with --micro-batches: what wlb-ideal balances at once: per-micro-batch (Default), whole-batch, "
                  "whole-batch-artifact-cap");
@@ -331,6 +336,7 @@ int main(int argc, char** argv) {
   Status s = a.model.Resolve(&o.model);
   if (!s.ok()) return Fail(s.message());
   o.ping_pong = !a.no_ping_pong;
+  o.grad_sync = !a.no_grad_sync;
   s = distca::ParseWlbScope(a.wlb_scope, &o.wlb_scope);
   if (!s.ok()) return Fail(s.message());
   if (app.count("--wlb-scope") > 0 && o.micro_batches == 0 && a.paper_grid.empty())
@@ -428,9 +434,12 @@ int main(int argc, char** argv) {
                                                    ? fmt::format(", wlb scope {}", distca::WlbScopeName(o.wlb_scope))
                                                    : "")
                                  : fmt::format("{:.3g} chunk(s) per rank", double(o.batch_size) / ranks);
-  fmt::print("{} on {} ({} GPUs: tp {}, pp {}, {} ranks per stage), L {}, B {} ({}), {} batches, ping-pong {}\n",
-             o.model.name, o.hardware.name, o.gpus, o.tp, o.pp, ranks, o.max_doc_len, o.batch_size, layout,
-             batches.size(), o.ping_pong ? "on" : "off");
+  fmt::print(
+      "{} on {} ({} GPUs: tp {}, pp {}, {} ranks per stage), L {}, B {} ({}), {} batches, ping-pong {}, gradient sync "
+      "{}\n",
+      o.model.name, o.hardware.name, o.gpus, o.tp, o.pp, ranks, o.max_doc_len, o.batch_size, layout, batches.size(),
+      o.ping_pong ? "on" : "off",
+      o.grad_sync && !results.empty() ? fmt::format("{:.1f} ms", results.front().grad_sync_s * 1e3) : "off");
   PrintTable(results, a.breakdown);
   fmt::print("simulated in {:.2f} s\n", timer.Seconds());
   return 0;

@@ -164,6 +164,13 @@ struct SimOptions {
   // CAD: two nano-batches overlapping compute and traffic; off: one plan per
   // wave, its traffic exposed (distca-train --ping-pong off). Default: on
   bool ping_pong = true;
+  // Close every iteration with the data-parallel gradient sync of
+  // Megatron-LM's distributed optimizer (reduce-scatter of the float32
+  // gradients, all-gather of the updated bf16 weights over the stage's G
+  // ranks), exposed as with Megatron's default (overlap_grad_reduce and
+  // overlap_param_gather off). Off: left out, as if fully overlapped, or as
+  // benchmarks that time the forward and backward passes only. Default: on
+  bool grad_sync = true;
   double tolerance = 0.05;  // CAD: initial eps of the planner. Default: 0.05
   // CAD: bytes any device may send or receive per plan (one layer, forward +
   // backward; a rank's budget is tp times this, PlanOptions::comm_budget);
@@ -203,7 +210,11 @@ struct SimResult {
   // colocated: 1.
   int cp = 0;
   double tolerance_used = 0;  // CAD: mean eps of the plans (after comm-budget raises)
-  SimBreakdown breakdown;     // mean over batches
+  // Seconds of the gradient sync in each iteration (SimOptions::grad_sync;
+  // the same for every strategy at a shape); its bytes are not in
+  // bytes_moved.
+  double grad_sync_s = 0;
+  SimBreakdown breakdown;  // mean over batches
   std::vector<double> iteration_per_batch;
 };
 

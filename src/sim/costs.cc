@@ -100,8 +100,8 @@ double DeviceMemoryBytes(const RankCosts& costs, const MemoryInput& in) {
   // bf16 weights (2 B) + fp32 gradients (4 B), replicated; fp32 master
   // weights + Adam m and v (12 B), sharded over the data-parallel ranks.
   const double states = in.stage_params * (2.0 + 4.0) + in.stage_params * 12.0 / std::max(1, in.optimizer_shards);
-  const double activations = in.activation_tokens * costs.ActivationBytesPerToken() +
-                             in.logits_tokens * costs.LogitsBytesPerToken();
+  const double activations =
+      in.activation_tokens * costs.ActivationBytesPerToken() + in.logits_tokens * costs.LogitsBytesPerToken();
   return (states + activations + in.buffer_bytes) / costs.tp();
 }
 

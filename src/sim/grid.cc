@@ -36,12 +36,9 @@ Status PaperGrid(std::string_view dims, std::vector<GridPoint>* points, const Gr
     std::vector<std::pair<int, int>> gpus_batch;
   };
   const std::vector<Row> table3 = {
-      {"llama3-8b", 128 * kK, {{64, 8}, {128, 16}, {256, 32}}},
-      {"llama3-8b", 256 * kK, {{64, 4}, {128, 8}, {256, 16}}},
-      {"llama3-8b", 512 * kK, {{64, 2}, {128, 4}, {256, 8}}},
-      {"llama-34b", 128 * kK, {{64, 4}, {128, 8}, {256, 16}}},
-      {"llama-34b", 256 * kK, {{64, 2}, {128, 4}, {256, 8}}},
-      {"llama-34b", 512 * kK, {{64, 2}, {128, 4}, {256, 8}}},
+      {"llama3-8b", 128 * kK, {{64, 8}, {128, 16}, {256, 32}}}, {"llama3-8b", 256 * kK, {{64, 4}, {128, 8}, {256, 16}}},
+      {"llama3-8b", 512 * kK, {{64, 2}, {128, 4}, {256, 8}}},   {"llama-34b", 128 * kK, {{64, 4}, {128, 8}, {256, 16}}},
+      {"llama-34b", 256 * kK, {{64, 2}, {128, 4}, {256, 8}}},   {"llama-34b", 512 * kK, {{64, 2}, {128, 4}, {256, 8}}},
   };
   const std::vector<Row> table4 = {
       {"llama3-8b", 128 * kK, {{64, 32}, {128, 64}, {256, 128}}},
@@ -76,16 +73,17 @@ Status PaperGrid(std::string_view dims, std::vector<GridPoint>* points, const Gr
 std::string GridCsvHeader() {
   return "config,model,gpus,tp,pp,max_doc_len,batch_size,strategy,iteration_s,tokens_per_s,speedup,"
          "idle_fraction,memory_max_gb,memory_mean_gb,memory_fits,bytes_moved_gb,max_buffer_gb,cp,tolerance_used,"
-         "micro_batches,recompute_mlp,wlb_scope\n";
+         "micro_batches,recompute_mlp,wlb_scope,grad_sync_s\n";
 }
 
 std::string GridCsvRow(const GridPoint& p, const SimResult& r, WlbScope wlb_scope) {
-  return fmt::format("{},{},{},{},{},{},{},{},{:.6f},{:.1f},{:.4f},{:.4f},{:.3f},{:.3f},{},{:.3f},{:.4f},{},{:.3f},"
-                     "{},{},{}\n",
-                     p.Label(), p.model, p.gpus, p.tp, p.pp, p.max_doc_len, p.batch_size, SimStrategyName(r.strategy),
-                     r.iteration_s, r.tokens_per_s, r.speedup, r.idle_fraction, r.memory_max_bytes * 1e-9,
-                     r.memory_mean_bytes * 1e-9, r.memory_fits ? 1 : 0, r.bytes_moved * 1e-9, r.max_buffer_bytes * 1e-9,
-                     r.cp, r.tolerance_used, p.micro_batches, p.recompute_mlp ? 1 : 0, WlbScopeName(wlb_scope));
+  return fmt::format(
+      "{},{},{},{},{},{},{},{},{:.6f},{:.1f},{:.4f},{:.4f},{:.3f},{:.3f},{},{:.3f},{:.4f},{},{:.3f},"
+      "{},{},{},{:.6f}\n",
+      p.Label(), p.model, p.gpus, p.tp, p.pp, p.max_doc_len, p.batch_size, SimStrategyName(r.strategy), r.iteration_s,
+      r.tokens_per_s, r.speedup, r.idle_fraction, r.memory_max_bytes * 1e-9, r.memory_mean_bytes * 1e-9,
+      r.memory_fits ? 1 : 0, r.bytes_moved * 1e-9, r.max_buffer_bytes * 1e-9, r.cp, r.tolerance_used, p.micro_batches,
+      p.recompute_mlp ? 1 : 0, WlbScopeName(wlb_scope), r.grad_sync_s);
 }
 
 std::string SpeedupPlotScript(const std::string& csv_path, const std::string& png_path, const std::string& title,

@@ -119,6 +119,21 @@ int SimContext::MicroBatchesPerReplica(int c) const {
   return options.batch_size % replicas == 0 ? options.batch_size / replicas : 0;
 }
 
+double SimContext::GradSyncSeconds() const {
+  if (!options.grad_sync) return 0.0;
+  return costs.Ring(stage_ranks, stage_params * 4.0, stage_inter_node) +
+         costs.Ring(stage_ranks, stage_params * options.hardware.dtype_bytes, stage_inter_node);
+}
+
+void AddGradSync(const SimContext& ctx, BatchOutcome* out) {
+  const double sync = ctx.GradSyncSeconds();
+  out->iteration_s += sync;
+  // Ranks are numbered stage by stage, a stage's G ranks before its servers.
+  const size_t stride = out->busy_s.size() / size_t(ctx.options.pp);
+  for (size_t r = 0; r < out->busy_s.size(); ++r)
+    if (r % stride < size_t(ctx.stage_ranks)) out->busy_s[r] += sync;
+}
+
 double SimContext::CadRankTokens(int c) const {
   if (options.micro_batches > 0)
     return double(options.batch_size) * double(options.max_doc_len) / (double(options.micro_batches) * stage_ranks);
@@ -235,10 +250,10 @@ Status ValidateSimOptions(const SimOptions& o) {
   if (o.dedicated_servers < 0) return Status::InvalidArgument("dedicated servers must be >= 0");
   // Dedicated servers are GPUs too (tp each, on every stage).
   if (o.gpus + int64_t{o.dedicated_servers} * o.tp * o.pp > kMaxSimGpus)
-    return Status::OutOfRange(fmt::format("gpus ({}) plus {} dedicated servers per stage ({} GPUs) is above the "
-                                          "simulator's limit of {} GPUs",
-                                          o.gpus, o.dedicated_servers, int64_t{o.dedicated_servers} * o.tp * o.pp,
-                                          kMaxSimGpus));
+    return Status::OutOfRange(
+        fmt::format("gpus ({}) plus {} dedicated servers per stage ({} GPUs) is above the "
+                    "simulator's limit of {} GPUs",
+                    o.gpus, o.dedicated_servers, int64_t{o.dedicated_servers} * o.tp * o.pp, kMaxSimGpus));
   if (!(o.tolerance >= 0) || !std::isfinite(o.tolerance))
     return Status::InvalidArgument(fmt::format("tolerance must be a finite number >= 0, got {}", o.tolerance));
   if (o.comm_budget < 0) return Status::InvalidArgument("comm budget must be >= 0");
@@ -316,11 +331,15 @@ Status Simulate(const SimOptions& options, const std::vector<std::vector<int64_t
       std::vector<sim::BatchOutcome> outcomes(n);
       std::vector<Status> status(n);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-      for (int b = 0; b < n; ++b) status[b] = e.run(ctx, batches[b], cp, &outcomes[b]);
+      for (int b = 0; b < n; ++b) {
+        status[b] = e.run(ctx, batches[b], cp, &outcomes[b]);
+        if (status[b].ok()) sim::AddGradSync(ctx, &outcomes[b]);
+      }
       for (int b = 0; b < n; ++b)
         if (!status[b].ok()) return status[b].WithContext(fmt::format("{}, batch {}", e.name, b));
       tried.push_back(
           Summarize(options, id, e.cp == CpChoice::kMinFit && options.micro_batches > 0 ? 0 : cp, outcomes));
+      tried.back().grad_sync_s = ctx.GradSyncSeconds();
       if (e.cp == CpChoice::kMinFit && tried.back().memory_fits) break;
     }
     auto faster = [](const SimResult& a, const SimResult& b) { return a.iteration_s < b.iteration_s; };

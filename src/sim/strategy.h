@@ -38,6 +38,13 @@ struct SimContext {
   // Micro-batches whose activations stage 0 holds at once in 1F1B (and in
   // the aligned schedule): min(pp, m).
   int InFlight(int m) const { return m < options.pp ? m : options.pp; }
+  // The data-parallel gradient sync that closes an iteration
+  // (SimOptions::grad_sync; 0 when off): on every stage at once, a ring
+  // reduce-scatter of the float32 gradients (4 B a parameter) and a ring
+  // all-gather of the updated weights (dtype_bytes) over the stage's G ranks,
+  // each device moving its 1 / tp of them; inter-node when the stage spans
+  // nodes.
+  double GradSyncSeconds() const;
 };
 
 // CAD's memory model (docs/simulator.md, "Memory"): per device, a rank that
@@ -58,6 +65,11 @@ struct BatchOutcome {
   int plans = 0;                // CAD: plans built
   SimBreakdown breakdown;
 };
+
+// Appends the gradient sync to a batch's outcome: the iteration is that much
+// longer, and every rank that holds weights (not a dedicated server) is busy
+// for it.
+void AddGradSync(const SimContext& ctx, BatchOutcome* out);
 
 // Strategies. `cp` is the baselines' CP degree c, CAD's c_min (each rank
 // holds CadRankTokens(cp) tokens per wave; with micro_batches set, cp is 1

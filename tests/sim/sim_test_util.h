@@ -41,7 +41,9 @@ inline ModelConfig TestModel() {
   return m;
 }
 
-// 4 devices as 2 ranks of tp 2 (G = 2), pp 1, L = 1024, B = 2 (m = 1).
+// 4 devices as 2 ranks of tp 2 (G = 2), pp 1, L = 1024, B = 2 (m = 1);
+// without the gradient sync, so that the strategies' schedules can be
+// checked alone (GradSyncTest checks the sync).
 inline SimOptions TestOptions() {
   SimOptions o;
   o.model = TestModel();
@@ -52,6 +54,7 @@ inline SimOptions TestOptions() {
   o.max_doc_len = 1024;
   o.batch_size = 2;
   o.threads = 1;
+  o.grad_sync = false;
   return o;
 }
 

@@ -497,6 +497,45 @@ TEST(PipelineStrategiesTest, OneFOneBAgainstAlignedTicks) {
   }
 }
 
+TEST(GradSyncTest, ClosesEveryIterationOnTheRanksThatHoldWeights) {
+  SimOptions o = TestOptions();
+  o.grad_sync = true;
+  const sim::SimContext ctx(o);
+  // G = 2 ranks of tp 2 on 4 devices, 2 per node: inter-node rings (10 GB/s,
+  // 10 us). Reduce-scatter of 4 B gradients, all-gather of 2 B weights, each
+  // device moving 1 / tp of them: (G - 1) latencies + P x bytes x (G - 1) /
+  // G / (tp x bandwidth) each.
+  const double P = double(ParameterCount(o.model));
+  const double sync = 2 * 1e-5 + P * (4 + 2) * 0.5 / (2 * 10e9);
+  EXPECT_NEAR(ctx.GradSyncSeconds(), sync, sync * kRel);
+  // Appended to every strategy's iteration, the same at a shape.
+  for (SimStrategy s : {SimStrategy::kWlbIdeal, SimStrategy::kMegatron, SimStrategy::kDistcaPaper, SimStrategy::kDistca,
+                        SimStrategy::kColocated}) {
+    const SimResult on = SimulateOne(o, {{1024, 512, 512}}, s);
+    SimOptions off_options = o;
+    off_options.grad_sync = false;
+    const SimResult off = SimulateOne(off_options, {{1024, 512, 512}}, s);
+    EXPECT_NEAR(on.iteration_s, off.iteration_s + sync, sync * kRel) << SimStrategyName(s);
+    EXPECT_DOUBLE_EQ(on.grad_sync_s, ctx.GradSyncSeconds()) << SimStrategyName(s);
+    EXPECT_EQ(off.grad_sync_s, 0.0) << SimStrategyName(s);
+    EXPECT_DOUBLE_EQ(on.bytes_moved, off.bytes_moved) << SimStrategyName(s);
+  }
+  // Busy: the ranks that hold weights, not a stage's dedicated servers (pp
+  // 2, G = 2 ranks then 1 server per stage).
+  o.gpus = 8;
+  o.pp = 2;
+  const sim::SimContext two(o);
+  ASSERT_EQ(two.stage_ranks, 2);
+  sim::BatchOutcome b;
+  b.iteration_s = 1;
+  b.busy_s = {0.5, 0.5, 0.25, 0.5, 0.5, 0.25};
+  sim::AddGradSync(two, &b);
+  const double s2 = two.GradSyncSeconds();  // half the weights per stage
+  EXPECT_NEAR(s2, 2 * 1e-5 + P / 2 * 6 * 0.5 / (2 * 10e9), s2 * kRel);
+  EXPECT_DOUBLE_EQ(b.iteration_s, 1 + s2);
+  EXPECT_EQ(b.busy_s, (std::vector<double>{0.5 + s2, 0.5 + s2, 0.25, 0.5 + s2, 0.5 + s2, 0.25}));
+}
+
 TEST(SimulateTest, SpeedupIsOverWlbIdeal) {
   SimOptions o = TestOptions();
   std::vector<SimResult> results;
@@ -609,11 +648,14 @@ TEST(GridTest, PaperGridShapesAndCsv) {
   const std::string header = GridCsvHeader();
   SimResult r;
   r.strategy = SimStrategy::kDistcaPaper;
+  r.grad_sync_s = 0.125;
   const std::string row = GridCsvRow(points[0], r, WlbScope::kWholeBatch);
   EXPECT_EQ(std::count(header.begin(), header.end(), ','), std::count(row.begin(), row.end(), ','));
   EXPECT_NE(row.find(",distca-paper,"), std::string::npos);
-  // The last columns: micro-batches, MLP recomputation (128K: none), scope.
-  EXPECT_NE(row.find("," + std::to_string(points[0].micro_batches) + ",0,whole-batch\n"), std::string::npos);
+  // The last columns: micro-batches, MLP recomputation (128K: none), scope,
+  // gradient sync.
+  EXPECT_NE(row.find("," + std::to_string(points[0].micro_batches) + ",0,whole-batch,0.125000\n"), std::string::npos);
+  EXPECT_NE(header.find(",wlb_scope,grad_sync_s\n"), std::string::npos);
   const std::string script = SpeedupPlotScript("g.csv", "s.png", "t", {SimStrategy::kWlbIdeal, SimStrategy::kDistca});
   EXPECT_NE(script.find("set output 's.png'"), std::string::npos);
   EXPECT_NE(script.find("every 2::1 using 11:xtic(1) title 'distca'"), std::string::npos);
