@@ -79,8 +79,10 @@ struct PlanOptions {
   double tolerance = 0.05;                  // eps: target max load <= (1 + eps) * mean
   int64_t block = 128;                      // tasks are cut in whole blocks except at pieces' ends
   // Largest bytes (forward + backward) any rank or server may send or receive;
-  // 0 = unlimited. When a plan exceeds it, eps is raised by 0.05 at a time
-  // until it fits. Default: 0
+  // 0 = unlimited. When a plan exceeds it, eps is raised in steps of 0.05:
+  // one at a time for the first 20 (the first step that fits), then by
+  // galloping and bisection to a step that fits whose step below does not
+  // (docs/planner.md). Default: 0
   int64_t comm_budget = 0;
   PlanModel model;
 };
@@ -180,8 +182,7 @@ Status ValidatePlan(const Plan& plan, const CostModel& cost);
 // both tokens and work come out near equal. nano_docs[n] lists the batch
 // indices of nano-batch n in batch order. Fails when there are fewer
 // documents than nano-batches.
-Status SplitNanoBatches(const std::vector<int64_t>& doc_lengths, int count,
-                        std::vector<std::vector<int>>* nano_docs);
+Status SplitNanoBatches(const std::vector<int64_t>& doc_lengths, int count, std::vector<std::vector<int>>* nano_docs);
 
 // The plan file (docs/plan_format.md).
 std::string PlanToJson(const Plan& plan);

@@ -125,12 +125,37 @@ Status BuildPlan(const std::vector<int64_t>& doc_lengths, const PlanOptions& o, 
           fmt::format("comm budget {} bytes is below what the linear layout alone moves "
                       "({} bytes on the busiest rank)",
                       o.comm_budget, colocated.stats.traffic.max_rank_bytes()));
-    for (int step = 1; p.stats.traffic.max_rank_bytes() > o.comm_budget; ++step) {
-      eps = o.tolerance + 0.05 * step;
+    // eps runs over tolerance + 0.05 k: step by step up to kStepByStep (the
+    // first step that fits), then galloping (k doubles) to a step that fits
+    // and bisection between it and the last one that did not, which finds a
+    // step that fits whose step below does not: the first one where traffic
+    // falls as eps grows (the tests compare it with a step-by-step search),
+    // in O(log k) plans instead of k. Large k happen where a few busy ranks'
+    // documents spread over many idle servers (pipeline bubbles): eps in the
+    // tens, hundreds of steps.
+    constexpr int64_t kStepByStep = 20;
+    auto fits = [&](const Plan& q) { return q.stats.traffic.max_rank_bytes() <= o.comm_budget; };
+    auto at_step = [&](int64_t k) { return o.tolerance + 0.05 * double(k); };
+    int64_t fail = 0, fit = 1;
+    for (;; fit = fit < kStepByStep ? fit + 1 : 2 * fit) {
+      eps = at_step(fit);
       DISTCA_RETURN_IF_ERROR(PlanOnce(o, cost, eps, &p));
-      if (eps > eps_max && p.stats.traffic.max_rank_bytes() > o.comm_budget)
+      if (fits(p)) break;
+      if (eps > eps_max)
         return Status::Internal(fmt::format("{} policy moves work at eps {} beyond the colocated imbalance {}",
                                             PlanPolicyName(o.policy), eps, eps_max));
+      fail = fit;
+    }
+    while (fit - fail > 1) {
+      const int64_t mid = fail + (fit - fail) / 2;
+      Plan q = p;
+      DISTCA_RETURN_IF_ERROR(PlanOnce(o, cost, at_step(mid), &q));
+      if (fits(q)) {
+        fit = mid;
+        p = std::move(q);
+      } else {
+        fail = mid;
+      }
     }
   }
   *plan = std::move(p);

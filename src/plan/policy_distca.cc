@@ -290,9 +290,21 @@ Move DistcaPlanner::DonorBest(int donor) {
   Move best;
   for (size_t n = 0; n < mine.size() && (n < kScored || !best.valid); ++n) {
     const PlanTask& t = plan_.tasks[mine[n]];
-    std::vector<int> candidates = top;
+    // Servers that already have some of the document's K/V (moves there
+    // save its prefix bytes): the kHolders with the most room. A document
+    // spread over many idle servers (pipeline bubbles) would otherwise make
+    // every donor scan all of them on every move.
+    constexpr size_t kHolders = 8;
+    std::vector<int> holders;
     for (const KvState& k : kv_[t.doc])
-      if (k.server != donor && cap_ - load_[k.server] > 0) candidates.push_back(k.server);
+      if (k.server != donor && cap_ - load_[k.server] > 0) holders.push_back(k.server);
+    if (holders.size() > kHolders) {
+      std::partial_sort(holders.begin(), holders.begin() + kHolders, holders.end(),
+                        [&](int a, int b) { return load_[a] < load_[b] || (load_[a] == load_[b] && a < b); });
+      holders.resize(kHolders);
+    }
+    std::vector<int> candidates = top;
+    candidates.insert(candidates.end(), holders.begin(), holders.end());
     for (int r : candidates) {
       if (r == donor) continue;
       const Move m = BestMove(mine[n], r, need);

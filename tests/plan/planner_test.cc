@@ -250,6 +250,44 @@ TEST(PlannerTest, CommBudgetRaisesTolerance) {
   }
 }
 
+// The budget search (galloping, then bisection over steps of 0.05) lands on
+// the step a step-by-step search finds: the first whose busiest rank fits.
+// Budgets from the tightest to the loosest, with 4 ranks alone and with 60
+// idle servers (a pipeline bubble: eps in the tens).
+TEST(PlannerTest, CommBudgetSearchFindsTheFirstStepThatFits) {
+  for (PlanPolicy policy : {PlanPolicy::kPaper, PlanPolicy::kDistca}) {
+    for (int servers : {0, 60}) {
+      PlanOptions o;
+      o.ranks = 4;
+      o.dedicated_servers = servers;
+      const CostModel cost = CostModel::Flops(o.model);
+      auto traffic_at = [&](double eps, PlanPolicy pol) {
+        PlanOptions x = o;
+        x.policy = pol;
+        x.tolerance = eps;
+        x.comm_budget = 0;
+        Plan q;
+        EXPECT_TRUE(BuildPlan(Skewed(), x, cost, &q).ok());
+        return q.stats.traffic.max_rank_bytes();
+      };
+      const int64_t low = traffic_at(0.05, PlanPolicy::kColocated), high = traffic_at(0.05, policy);
+      ASSERT_LT(low, high) << PlanPolicyName(policy) << " " << servers;
+      for (double f : {0.0, 0.01, 0.1, 0.3, 0.6, 0.9}) {
+        o.policy = policy;
+        o.comm_budget = std::max<int64_t>(1, low + int64_t(f * double(high - low)));
+        int first = 1;
+        while (traffic_at(0.05 + 0.05 * first, policy) > o.comm_budget) ++first;
+        Plan p;
+        ASSERT_TRUE(BuildPlan(Skewed(), o, cost, &p).ok());
+        EXPECT_NEAR(p.tolerance_used, 0.05 + 0.05 * first, 1e-12)
+            << PlanPolicyName(policy) << ", " << servers << " servers, budget " << o.comm_budget;
+        EXPECT_LE(p.stats.traffic.max_rank_bytes(), o.comm_budget);
+        EXPECT_TRUE(ValidatePlan(p, cost).ok());
+      }
+    }
+  }
+}
+
 // The tightest budget (what the layout alone moves) must be reachable by
 // every policy: the paper policy's recipients keep pulling while their
 // deficit exceeds eps * mean, so its search runs past the colocated max/mean.
