@@ -277,7 +277,8 @@ Move DistcaPlanner::BestMove(int task, int receiver, double need) const {
 // The donor's best move now: over its tasks with the latest q_end (long
 // contexts offer the most work per query row; further tasks are tried only
 // when none of those fits anywhere) and, per task, the two receivers with the
-// most room plus every server that already has K/V of the task's document.
+// most room plus the (at most kHolders) servers with the most room that
+// already have K/V of the task's document.
 Move DistcaPlanner::DonorBest(int donor) {
   const double need = load_[donor] - cap_;
   const std::vector<int> top = TopReceivers(2);
