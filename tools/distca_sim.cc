@@ -128,15 +128,36 @@ void PrintTable(const std::vector<SimResult>& results, bool breakdown) {
   }
 }
 
+// Writes `csv` to base.csv and `script` to base.gp, then draws png with
+// gnuplot. 0 on success, else Fail's status.
+int WriteChart(const std::string& base, const std::string& csv, const std::string& script, const std::string& png) {
+  Status s = distca::WriteFileAtomic(base + ".csv", csv);
+  if (s.ok()) s = distca::WriteTextFile(base + ".gp", script);
+  if (!s.ok()) return Fail(s.message());
+  fmt::print("wrote {}.csv\n", base);
+  const std::string command = fmt::format("gnuplot '{}.gp'", base);
+  const int rc = std::system(command.c_str());
+  if (rc != 0)
+    return Fail(fmt::format("'{}' failed (exit status {}); is gnuplot installed (scripts/install-deps)?", command, rc));
+  fmt::print("wrote {}\n", png);
+  return 0;
+}
+
+// Creates --out's directory.
+int MakeOutDir(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return Fail(fmt::format("cannot create '{}': {}", dir, ec.message()));
+  return 0;
+}
+
 // --paper-grid: every grid point, all strategies; CSV and a chart.
 int RunGrid(const Args& a, const std::vector<int64_t>& pool, const std::vector<distca::SimStrategy>& strategies) {
   if (a.out_dir.empty()) return Fail("--paper-grid needs --out DIR");
   std::vector<distca::GridPoint> points;
   Status s = distca::PaperGrid(a.paper_grid, &points, a.grid_recipe);
   if (!s.ok()) return Fail(s.message());
-  std::error_code ec;
-  std::filesystem::create_directories(a.out_dir, ec);
-  if (ec) return Fail(fmt::format("cannot create '{}': {}", a.out_dir, ec.message()));
+  if (const int rc = MakeOutDir(a.out_dir); rc != 0) return rc;
   distca::WallTimer timer;
   std::string csv = distca::GridCsvHeader();
   for (const distca::GridPoint& p : points) {
@@ -163,34 +184,30 @@ int RunGrid(const Args& a, const std::vector<int64_t>& pool, const std::vector<d
     fmt::print("{}\n", line);
     std::fflush(stdout);
   }
+  fmt::print("grid: {} configurations x {} strategies in {:.1f} s\n", points.size(), strategies.size(),
+             timer.Seconds());
   const std::string base = a.out_dir + "/grid_" + a.paper_grid;
   const std::string png = a.out_dir + "/speedup_" + a.paper_grid + ".png";
-  const std::string script = base + ".gp";
-  s = distca::WriteFileAtomic(base + ".csv", csv);
-  if (s.ok())
-    s = distca::WriteTextFile(
-        script, distca::SpeedupPlotScript(base + ".csv", png,
-                                          fmt::format("speedup over wlb-ideal, {} grid, {} batches per configuration",
-                                                      a.paper_grid, a.batches),
-                                          strategies));
-  if (!s.ok()) return Fail(s.message());
-  fmt::print("grid: {} configurations x {} strategies in {:.1f} s; wrote {}.csv\n", points.size(), strategies.size(),
-             timer.Seconds(), base);
-  const std::string command = fmt::format("gnuplot '{}'", script);
-  const int rc = std::system(command.c_str());
-  if (rc != 0)
-    return Fail(fmt::format("'{}' failed (exit status {}); is gnuplot installed (scripts/install-deps)?", command, rc));
-  fmt::print("wrote {}\n", png);
-  return 0;
+  return WriteChart(
+      base, csv,
+      distca::SpeedupPlotScript(
+          base + ".csv", png,
+          fmt::format("speedup over wlb-ideal, {} grid, {} batches per configuration", a.paper_grid, a.batches),
+          strategies),
+      png);
 }
 
-// --tolerance-sweep: CAD strategies at eps in {0, 0.05, 0.1, 0.2, 0.4}, no comm budget.
+// --tolerance-sweep: CAD strategies at eps in {0, 0.05, 0.1, 0.2, 0.4}, no
+// comm budget; with --out, also a CSV and a chart (the paper's Figure 12).
 int RunToleranceSweep(const Args& a, const std::vector<std::vector<int64_t>>& batches,
                       const std::vector<distca::SimStrategy>& strategies) {
   std::vector<distca::SimStrategy> cad;
   for (distca::SimStrategy st : strategies)
     if (IsCad(st)) cad.push_back(st);
   if (cad.empty()) return Fail("--tolerance-sweep needs distca or distca-paper among --strategies");
+  if (!a.out_dir.empty())
+    if (const int rc = MakeOutDir(a.out_dir); rc != 0) return rc;
+  std::string csv = distca::ToleranceCsvHeader();
   if (!a.json)
     fmt::print("{:>5} {:<13} {:>9} {:>10} {:>12}\n", "eps", "strategy", "iter s", "max buffer", "moved/iter");
   for (double eps : {0.0, 0.05, 0.1, 0.2, 0.4}) {
@@ -201,6 +218,7 @@ int RunToleranceSweep(const Args& a, const std::vector<std::vector<int64_t>>& ba
     const Status s = distca::Simulate(o, batches, cad, &results);
     if (!s.ok()) return Fail(s.message());
     for (const SimResult& r : results) {
+      csv += distca::ToleranceCsvRow(eps, r);
       if (a.json)
         fmt::print("{}\n", ToJson(o, r).dump());
       else
@@ -208,7 +226,16 @@ int RunToleranceSweep(const Args& a, const std::vector<std::vector<int64_t>>& ba
                    r.iteration_s, r.max_buffer_bytes * 1e-9, r.bytes_moved * 1e-9);
     }
   }
-  return 0;
+  if (a.out_dir.empty()) return 0;
+  const SimOptions& o = a.sim;
+  const std::string base = a.out_dir + "/tolerance", png = base + ".png";
+  return WriteChart(
+      base, csv,
+      distca::TolerancePlotScript(base + ".csv", png,
+                                  fmt::format("{} on {} GPUs (tp {}, pp {}), L {}, B {}, {} batches", o.model.name,
+                                              o.gpus, o.tp, o.pp, o.max_doc_len, o.batch_size, batches.size()),
+                                  cad),
+      png);
 }
 
 // --search: every strategy at every (tp, pp) shape; the fastest that fits.
@@ -319,7 +346,9 @@ int main(int argc, char** argv) {
   app.add_flag("--breakdown", a.breakdown, "also print per-layer linear / attention / comm times");
   app.add_option("--paper-grid", a.paper_grid, "3d or 4d: the paper-style grid, all strategies")
       ->check(CLI::IsMember({"3d", "4d"}));
-  app.add_option("--out", a.out_dir, "with --paper-grid: directory for grid_<d>.csv and speedup_<d>.png");
+  app.add_option("--out", a.out_dir,
+                 "with --paper-grid: directory for grid_<d>.csv and speedup_<d>.png; with --tolerance-sweep: for "
+                 "tolerance.csv and tolerance.png");
   app.add_option("--grid-elongate-base", a.grid_recipe.elongate_base,
                  "with --paper-grid: elongate = L / this (Default: 65536, the DistCA artifact's)")
       ->check(pos);
@@ -347,6 +376,8 @@ int main(int argc, char** argv) {
   s = distca::LoadHardwareProfile(FindHardware(a.hardware), &o.hardware);
   if (!s.ok()) return Fail(s.message());
   if (a.lengths.empty() == a.docs_file.empty()) return Fail("give exactly one of --lengths and --docs-file");
+  if (!a.out_dir.empty() && a.paper_grid.empty() && !a.tolerance_sweep)
+    return Fail("--out applies with --paper-grid or --tolerance-sweep");
   if (a.search) {
     if (!a.docs_file.empty() || !a.paper_grid.empty() || a.tolerance_sweep)
       return Fail(

@@ -358,4 +358,13 @@ std::string GridCsvRow(const GridPoint& point, const SimResult& result, WlbScope
 std::string SpeedupPlotScript(const std::string& csv_path, const std::string& png_path, const std::string& title,
                               const std::vector<SimStrategy>& strategies);
 
+// The tolerance sweep (the paper's Figure 12): one CSV row per (eps, CAD
+// strategy), the strategies in the same order at every eps.
+std::string ToleranceCsvHeader();
+std::string ToleranceCsvRow(double eps, const SimResult& result);
+// A gnuplot script drawing, from that CSV, iteration time and the largest
+// per-layer buffer against eps, one line per strategy, into a PNG.
+std::string TolerancePlotScript(const std::string& csv_path, const std::string& png_path, const std::string& title,
+                                const std::vector<SimStrategy>& strategies);
+
 }  // namespace distca

@@ -117,4 +117,42 @@ std::string SpeedupPlotScript(const std::string& csv_path, const std::string& pn
       png_path, title, plots);
 }
 
+std::string ToleranceCsvHeader() { return "eps,strategy,iteration_s,max_buffer_gb,bytes_moved_gb\n"; }
+
+std::string ToleranceCsvRow(double eps, const SimResult& r) {
+  return fmt::format("{:.3f},{},{:.6f},{:.4f},{:.3f}\n", eps, SimStrategyName(r.strategy), r.iteration_s,
+                     r.max_buffer_bytes * 1e-9, r.bytes_moved * 1e-9);
+}
+
+std::string TolerancePlotScript(const std::string& csv_path, const std::string& png_path, const std::string& title,
+                                const std::vector<SimStrategy>& strategies) {
+  // Rows come in groups of strategies.size() per eps; `every K::i` picks
+  // strategy i. Column 1 is eps, 3 the iteration time, 4 the buffer.
+  const size_t k = strategies.size();
+  auto lines = [&](int column) {
+    std::string plots;
+    for (size_t i = 0; i < k; ++i) {
+      if (!plots.empty()) plots += ", \\\n     ";
+      plots += fmt::format("'{}' skip 1 every {}::{} using 1:{} with linespoints title '{}'", csv_path, k, i, column,
+                           SimStrategyName(strategies[i]));
+    }
+    return plots;
+  };
+  return fmt::format(
+      "set datafile separator ','\n"
+      "set terminal png size 1400,560\n"
+      "set output '{}'\n"
+      "set multiplot layout 1,2 title '{}'\n"
+      "set xlabel 'tolerance eps'\n"
+      "set grid\n"
+      "set key top left\n"
+      "set ylabel 'iteration (s)'\n"
+      "plot {}\n"
+      "set ylabel 'largest per-layer send + receive per device (GB)'\n"
+      "set yrange [0:*]\n"
+      "plot {}\n"
+      "unset multiplot\n",
+      png_path, title, lines(3), lines(4));
+}
+
 }  // namespace distca

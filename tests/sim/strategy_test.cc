@@ -660,6 +660,17 @@ TEST(GridTest, PaperGridShapesAndCsv) {
   EXPECT_NE(script.find("set output 's.png'"), std::string::npos);
   EXPECT_NE(script.find("every 2::1 using 11:xtic(1) title 'distca'"), std::string::npos);
   EXPECT_EQ(script.find("title 'wlb-ideal'"), std::string::npos);  // the reference is the dashed line at 1
+
+  // The tolerance sweep's CSV and chart: eps first, the strategies in order.
+  const std::string tol_header = ToleranceCsvHeader();
+  const std::string tol_row = ToleranceCsvRow(0.1, r);
+  EXPECT_EQ(std::count(tol_header.begin(), tol_header.end(), ','), std::count(tol_row.begin(), tol_row.end(), ','));
+  EXPECT_EQ(tol_row.rfind("0.100,distca-paper,", 0), 0u);
+  const std::string tol =
+      TolerancePlotScript("t.csv", "t.png", "t", {SimStrategy::kDistcaPaper, SimStrategy::kDistca});
+  EXPECT_NE(tol.find("set output 't.png'"), std::string::npos);
+  EXPECT_NE(tol.find("every 2::0 using 1:3 with linespoints title 'distca-paper'"), std::string::npos);
+  EXPECT_NE(tol.find("every 2::1 using 1:4 with linespoints title 'distca'"), std::string::npos);
 }
 
 }  // namespace
