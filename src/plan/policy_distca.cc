@@ -298,7 +298,8 @@ Move DistcaPlanner::DonorBest(int donor) {
     constexpr size_t kHolders = 8;
     std::vector<int> holders;
     for (const KvState& k : kv_[t.doc])
-      if (k.server != donor && cap_ - load_[k.server] > 0) holders.push_back(k.server);
+      if (k.server != donor && cap_ - load_[k.server] > 0 && std::find(top.begin(), top.end(), k.server) == top.end())
+        holders.push_back(k.server);
     if (holders.size() > kHolders) {
       std::partial_sort(holders.begin(), holders.begin() + kHolders, holders.end(),
                         [&](int a, int b) { return load_[a] < load_[b] || (load_[a] == load_[b] && a < b); });

@@ -125,13 +125,18 @@ double SimContext::GradSyncSeconds() const {
          costs.Ring(stage_ranks, stage_params * options.hardware.dtype_bytes, stage_inter_node);
 }
 
-void AddGradSync(const SimContext& ctx, BatchOutcome* out) {
+Status AddGradSync(const SimContext& ctx, BatchOutcome* out) {
+  // Ranks are numbered stage by stage, a stage's G ranks before its servers.
+  const size_t ranks = out->busy_s.size(), stages = size_t(ctx.options.pp);
+  const size_t stride = ranks / stages;
+  if (ranks % stages != 0 || stride < size_t(ctx.stage_ranks))
+    return Status::Internal(
+        fmt::format("{} ranks' busy times are not {} stages of at least {} ranks", ranks, stages, ctx.stage_ranks));
   const double sync = ctx.GradSyncSeconds();
   out->iteration_s += sync;
-  // Ranks are numbered stage by stage, a stage's G ranks before its servers.
-  const size_t stride = out->busy_s.size() / size_t(ctx.options.pp);
-  for (size_t r = 0; r < out->busy_s.size(); ++r)
+  for (size_t r = 0; r < ranks; ++r)
     if (r % stride < size_t(ctx.stage_ranks)) out->busy_s[r] += sync;
+  return Status::Ok();
 }
 
 double SimContext::CadRankTokens(int c) const {
@@ -333,7 +338,7 @@ Status Simulate(const SimOptions& options, const std::vector<std::vector<int64_t
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
       for (int b = 0; b < n; ++b) {
         status[b] = e.run(ctx, batches[b], cp, &outcomes[b]);
-        if (status[b].ok()) sim::AddGradSync(ctx, &outcomes[b]);
+        if (status[b].ok()) status[b] = sim::AddGradSync(ctx, &outcomes[b]);
       }
       for (int b = 0; b < n; ++b)
         if (!status[b].ok()) return status[b].WithContext(fmt::format("{}, batch {}", e.name, b));

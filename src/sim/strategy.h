@@ -47,10 +47,12 @@ struct SimContext {
   double GradSyncSeconds() const;
 };
 
-// CAD's memory model (docs/simulator.md, "Memory"): per device, a rank that
-// holds CadRankTokens(c) tokens per wave, min(pp, m) waves in flight, weights, gradients
-// and the optimizer sharded over the stage's G ranks, and the communication
-// buffer (comm_budget per device when set, else 0: unknown before planning).
+// CAD's nominal memory (docs/simulator.md, "Memory"), per device: weights,
+// gradients and the optimizer sharded over the stage's G ranks, the
+// communication buffer (comm_budget per device when set, else 0: unknown
+// before planning), and the larger of the first stage's activations
+// (CadRankTokens(c) tokens per wave, min(pp, m) waves in flight) and the last
+// stage's (one wave and its logits).
 double CadMemoryBytes(const SimContext& ctx, int c);
 
 // One batch under one strategy. Ranks are numbered stage by stage; a stage's
@@ -68,8 +70,8 @@ struct BatchOutcome {
 
 // Appends the gradient sync to a batch's outcome: the iteration is that much
 // longer, and every rank that holds weights (not a dedicated server) is busy
-// for it.
-void AddGradSync(const SimContext& ctx, BatchOutcome* out);
+// for it. Internal error when busy_s is not pp stages of at least G ranks.
+Status AddGradSync(const SimContext& ctx, BatchOutcome* out);
 
 // Strategies. `cp` is the baselines' CP degree c, CAD's c_min (each rank
 // holds CadRankTokens(cp) tokens per wave; with micro_batches set, cp is 1

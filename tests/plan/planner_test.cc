@@ -255,6 +255,7 @@ TEST(PlannerTest, CommBudgetRaisesTolerance) {
 // Budgets from the tightest to the loosest, with 4 ranks alone and with 60
 // idle servers (a pipeline bubble: eps in the tens).
 TEST(PlannerTest, CommBudgetSearchFindsTheFirstStepThatFits) {
+  int most_steps = 0;
   for (PlanPolicy policy : {PlanPolicy::kPaper, PlanPolicy::kDistca}) {
     for (int servers : {0, 60}) {
       PlanOptions o;
@@ -277,6 +278,7 @@ TEST(PlannerTest, CommBudgetSearchFindsTheFirstStepThatFits) {
         o.comm_budget = std::max<int64_t>(1, low + int64_t(f * double(high - low)));
         int first = 1;
         while (traffic_at(0.05 + 0.05 * first, policy) > o.comm_budget) ++first;
+        most_steps = std::max(most_steps, first);
         Plan p;
         ASSERT_TRUE(BuildPlan(Skewed(), o, cost, &p).ok());
         EXPECT_NEAR(p.tolerance_used, 0.05 + 0.05 * first, 1e-12)
@@ -286,6 +288,7 @@ TEST(PlannerTest, CommBudgetSearchFindsTheFirstStepThatFits) {
       }
     }
   }
+  EXPECT_GT(most_steps, 40);  // galloping and bisection ran, not only the step-by-step start
 }
 
 // The tightest budget (what the layout alone moves) must be reachable by

@@ -529,11 +529,34 @@ TEST(GradSyncTest, ClosesEveryIterationOnTheRanksThatHoldWeights) {
   sim::BatchOutcome b;
   b.iteration_s = 1;
   b.busy_s = {0.5, 0.5, 0.25, 0.5, 0.5, 0.25};
-  sim::AddGradSync(two, &b);
+  ASSERT_TRUE(sim::AddGradSync(two, &b).ok());
   const double s2 = two.GradSyncSeconds();  // half the weights per stage
   EXPECT_NEAR(s2, 2 * 1e-5 + P / 2 * 6 * 0.5 / (2 * 10e9), s2 * kRel);
   EXPECT_DOUBLE_EQ(b.iteration_s, 1 + s2);
   EXPECT_EQ(b.busy_s, (std::vector<double>{0.5 + s2, 0.5 + s2, 0.25, 0.5 + s2, 0.5 + s2, 0.25}));
+  b.busy_s.pop_back();  // 5 ranks are not 2 stages
+  EXPECT_FALSE(sim::AddGradSync(two, &b).ok());
+  b.busy_s = {0.5, 0.5};  // 1 rank per stage, not G = 2
+  EXPECT_FALSE(sim::AddGradSync(two, &b).ok());
+
+  // End to end, distca with a dedicated server per stage (8 devices, pp 2: 2
+  // ranks and a server per stage): the sync lengthens the iteration, and of
+  // the 6 ranks only the 4 that hold weights are busy for it, so the summed
+  // idle time grows by 6 s - 4 s: idle' = (6 (I + s) - busy - 4 s) / (6 (I +
+  // s)), busy = 6 I (1 - idle).
+  o = TestOptions();
+  o.gpus = 8;
+  o.pp = 2;
+  o.dedicated_servers = 1;
+  SimOptions on_options = o;
+  on_options.grad_sync = true;
+  const double s3 = sim::SimContext(on_options).GradSyncSeconds();
+  ASSERT_GT(s3, 0.0);
+  const SimResult off = SimulateOne(o, {{1024, 1024}}, SimStrategy::kDistca);
+  const SimResult on = SimulateOne(on_options, {{1024, 1024}}, SimStrategy::kDistca);
+  const double I = off.iteration_s, busy = 6 * I * (1 - off.idle_fraction);
+  EXPECT_NEAR(on.iteration_s, I + s3, I * kRel);
+  EXPECT_NEAR(on.idle_fraction, (6 * (I + s3) - busy - 4 * s3) / (6 * (I + s3)), kRel);
 }
 
 TEST(SimulateTest, SpeedupIsOverWlbIdeal) {
@@ -666,8 +689,7 @@ TEST(GridTest, PaperGridShapesAndCsv) {
   const std::string tol_row = ToleranceCsvRow(0.1, r);
   EXPECT_EQ(std::count(tol_header.begin(), tol_header.end(), ','), std::count(tol_row.begin(), tol_row.end(), ','));
   EXPECT_EQ(tol_row.rfind("0.100,distca-paper,", 0), 0u);
-  const std::string tol =
-      TolerancePlotScript("t.csv", "t.png", "t", {SimStrategy::kDistcaPaper, SimStrategy::kDistca});
+  const std::string tol = TolerancePlotScript("t.csv", "t.png", "t", {SimStrategy::kDistcaPaper, SimStrategy::kDistca});
   EXPECT_NE(tol.find("set output 't.png'"), std::string::npos);
   EXPECT_NE(tol.find("every 2::0 using 1:3 with linespoints title 'distca-paper'"), std::string::npos);
   EXPECT_NE(tol.find("every 2::1 using 1:4 with linespoints title 'distca'"), std::string::npos);
