@@ -62,6 +62,10 @@ class Comm {
   virtual ~Comm() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
+  // Ranks of the job that share this rank's machine, and so its memory,
+  // itself included: all of them with the local backend (one process), the
+  // ranks on this node under MPI.
+  virtual int machine_ranks() const = 0;
   virtual const char* backend() const = 0;
 
   virtual Status Barrier() = 0;

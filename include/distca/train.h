@@ -53,9 +53,9 @@ struct TrainOptions {
   bool ping_pong = true;                             // CAD. Default: on
   int64_t block = 128;                               // task granularity. Default: 128
 
-  // Bytes this process may hold: a model whose fp32 weights, gradients and
-  // AdamW moments (16 bytes per parameter, times the ranks that share the
-  // process: all of them with the local backend, one under MPI) exceed it is
+  // Bytes the job may hold on this machine: a run whose fp32 weights,
+  // gradients and AdamW moments (16 bytes per parameter) and activations,
+  // times the ranks on the machine (Comm::machine_ranks), exceed it is
   // refused. 0 = the machine's physical RAM. Default: 0
   double memory_bytes = 0;
   int threads = 1;           // OpenMP threads per rank (GEMMs, CA engine). Default: 1

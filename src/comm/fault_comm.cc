@@ -34,6 +34,7 @@ class FaultInjectingComm : public Comm {
 
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
+  int machine_ranks() const override { return inner_->machine_ranks(); }
   const char* backend() const override { return inner_->backend(); }
 
   Status Barrier() override {

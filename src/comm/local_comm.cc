@@ -160,6 +160,7 @@ class LocalComm : public Comm {
 
   int rank() const override { return rank_; }
   int size() const override { return world_->size(); }
+  int machine_ranks() const override { return world_->size(); }
   const char* backend() const override { return "local"; }
 
   CommRequest ISend(const void* data, int64_t bytes, int peer, int tag) override {

@@ -56,9 +56,16 @@ class MpiComm : public Comm {
   MpiComm() {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    // The ranks sharing this node's memory.
+    MPI_Comm node;
+    if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
+      MPI_Comm_size(node, &machine_ranks_);
+      MPI_Comm_free(&node);
+    }
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  int machine_ranks() const override { return machine_ranks_; }
   const char* backend() const override { return "mpi"; }
 
   Status Barrier() override { return MpiCheck(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier"); }
@@ -164,6 +171,7 @@ class MpiComm : public Comm {
 
   int rank_ = 0;
   int size_ = 1;
+  int machine_ranks_ = 1;
   int64_t collectives_ = 0;
 };
 

@@ -153,10 +153,9 @@ Status CheckOptions(const Comm& comm, const TrainOptions& o) {
 // moments (16 bytes per parameter), and the activations the backward pass
 // needs, (4h + 2h_kv + 3 ffn) floats per token and layer (the norms' and
 // projections' inputs and outputs, the MLP's gate, up and SwiGLU) plus the
-// logits (vocab floats per token); times the ranks in this process (all of
-// them with the local backend, one under MPI: ranks sharing a machine under
-// MPI are not counted together, nor are containers' limits seen; set
-// memory_bytes).
+// logits (vocab floats per token); times the ranks that share this machine
+// (Comm::machine_ranks: all of them with the local backend, the node's under
+// MPI). Containers' limits are not seen; set memory_bytes.
 Status CheckMemory(const Comm& comm, const TrainOptions& o, int64_t tokens_per_rank) {
   const ModelConfig& m = o.model;
   const int64_t params = ParameterCount(m);
@@ -165,7 +164,7 @@ Status CheckMemory(const Comm& comm, const TrainOptions& o, int64_t tokens_per_r
       4.0 *
       (double(m.num_layers) * (4.0 * m.hidden + 2.0 * m.kv_heads * m.head_dim() + 3.0 * m.ffn_hidden) + m.vocab_size);
   const double activations = per_token * double(tokens_per_rank);
-  const int sharing = std::string_view(comm.backend()) == "local" ? comm.size() : 1;
+  const int sharing = comm.machine_ranks();
   double limit = o.memory_bytes;
   const char* what = "memory_bytes";
   if (limit <= 0) {
@@ -175,7 +174,7 @@ Status CheckMemory(const Comm& comm, const TrainOptions& o, int64_t tokens_per_r
   if (limit > 0 && (state + activations) * sharing > limit)
     return Status::InvalidArgument(fmt::format(
         "model {} ({} parameters) at {} tokens per rank needs at least {:.3g} GB per rank ({:.3g} for weights, "
-        "gradients and AdamW state, {:.3g} for activations), {} rank(s) in this process: more than {} ({:.3g} GB)",
+        "gradients and AdamW state, {:.3g} for activations), {} rank(s) on this machine: more than {} ({:.3g} GB)",
         m.name, params, tokens_per_rank, (state + activations) * 1e-9, state * 1e-9, activations * 1e-9, sharing, what,
         limit * 1e-9));
   return Status::Ok();

@@ -23,6 +23,7 @@ inline Status Expect(bool ok, const std::string& what) { return ok ? Status::Ok(
 // Exercises every operation; returns the first deviation from the contract.
 inline Status CheckCommContract(Comm& c) {
   const int R = c.size(), me = c.rank();
+  DISTCA_RETURN_IF_ERROR(Expect(c.machine_ranks() >= 1 && c.machine_ranks() <= R, "machine_ranks outside [1, size]"));
   DISTCA_RETURN_IF_ERROR(c.Barrier());
 
   // Allreduce: exact in float for these small integers and halves.

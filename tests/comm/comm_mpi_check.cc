@@ -15,6 +15,9 @@ int main(int argc, char** argv) {
   o.backend = distca::CommOptions::Backend::kMpi;
   const distca::Status s = distca::RunOnRanks(o, [&](distca::Comm& c) -> distca::Status {
     if (std::strcmp(mode, "contract") == 0) {
+      // mpirun starts every rank on this machine: they all share it.
+      if (c.machine_ranks() != c.size())
+        return distca::Status::Internal("machine_ranks() is not size() with every rank on one machine");
       DISTCA_RETURN_IF_ERROR(distca::testing::CheckCommContract(c));
       auto faulty = distca::MakeFaultInjectingComm(&c, {.seed = uint64_t(c.rank()) + 7, .max_delay_us = 300});
       return distca::testing::CheckCommContract(*faulty);

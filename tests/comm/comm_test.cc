@@ -23,6 +23,12 @@ TEST(LocalCommTest, ContractOnManyRankCounts) {
   }
 }
 
+TEST(LocalCommTest, AllRanksShareTheMachine) {
+  const Status s = RunLocal(
+      3, [](Comm& c) { return c.machine_ranks() == 3 ? Status::Ok() : Status::Internal("machine_ranks is not 3"); });
+  EXPECT_TRUE(s.ok()) << s.ToString();
+}
+
 TEST(LocalCommTest, ContractWithInjectedDelays) {
   for (uint64_t seed : {1, 2, 3}) {
     const Status s = RunLocal(4, [&](Comm& c) {

@@ -196,7 +196,7 @@ TEST(TrainTest, BadOptionsAreRejected) {
       (m.num_layers * (4.0 * m.hidden + 2.0 * m.kv_heads * m.head_dim() + 3.0 * m.ffn_hidden) + m.vocab_size);
   t.memory_bytes = 2 * (state + activations) * (1 - 1e-9);  // just below: refused
   s = RunLocal(2, [&](Comm& comm) { return Train(comm, t, nullptr); });
-  EXPECT_NE(s.message().find("2 rank(s) in this process: more than memory_bytes"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("2 rank(s) on this machine: more than memory_bytes"), std::string::npos) << s.message();
   t.memory_bytes = 2 * (state + activations) * (1 + 1e-9);  // just above: trains
   t.steps = 1;
   s = RunLocal(2, [&](Comm& comm) { return Train(comm, t, nullptr); });
