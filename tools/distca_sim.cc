@@ -40,8 +40,8 @@ struct Args {
   distca::GridRecipe grid_recipe;
   SimOptions sim;
   int batches = 30;
-  bool no_ping_pong = false, no_grad_sync = false, json = false, tolerance_sweep = false, breakdown = false,
-       search = false;
+  bool no_ping_pong = false, no_grad_sync = false, no_distributed_optimizer = false, json = false,
+       tolerance_sweep = false, breakdown = false, search = false;
   std::vector<std::pair<int, int>> shapes;  // --search: the (tp, pp) shapes to try
 };
 
@@ -73,6 +73,7 @@ nlohmann::json ToJson(const SimOptions& o, const SimResult& r) {
           {"batch_size", o.batch_size},
           {"ping_pong", o.ping_pong},
           {"grad_sync", o.grad_sync},
+          {"distributed_optimizer", o.distributed_optimizer},
           {"micro_batches", o.micro_batches},
           {"recompute_mlp", o.recompute_mlp},
           {"wlb_scope", distca::WlbScopeName(o.wlb_scope)},
@@ -330,6 +331,9 @@ int main(int argc, char** argv) {
   app.add_option("--servers", o.dedicated_servers, "distca: dedicated attention servers per stage (Default: 0)")
       ->check(nonneg);
   app.add_flag("--no-ping-pong", a.no_ping_pong, "CAD without nano-batch overlap");
+  app.add_flag("--no-distributed-optimizer", a.no_distributed_optimizer,
+               "replicate the fp32 master weights and Adam moments on every data-parallel rank (default: sharded, "
+               "Megatron-LM's distributed optimizer)");
   app.add_flag("--no-grad-sync", a.no_grad_sync,
                "leave out the data-parallel gradient sync that closes each iteration (as if fully overlapped)");
   app.add_option("--wlb-scope", a.wlb_scope,
@@ -366,6 +370,7 @@ int main(int argc, char** argv) {
   if (!s.ok()) return Fail(s.message());
   o.ping_pong = !a.no_ping_pong;
   o.grad_sync = !a.no_grad_sync;
+  o.distributed_optimizer = !a.no_distributed_optimizer;
   s = distca::ParseWlbScope(a.wlb_scope, &o.wlb_scope);
   if (!s.ok()) return Fail(s.message());
   if (app.count("--wlb-scope") > 0 && o.micro_batches == 0 && a.paper_grid.empty())

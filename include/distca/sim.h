@@ -164,12 +164,17 @@ struct SimOptions {
   // CAD: two nano-batches overlapping compute and traffic; off: one plan per
   // wave, its traffic exposed (distca-train --ping-pong off). Default: on
   bool ping_pong = true;
-  // Close every iteration with the data-parallel gradient sync of
-  // Megatron-LM's distributed optimizer (reduce-scatter of the float32
-  // gradients, all-gather of the updated bf16 weights over the stage's G
-  // ranks), exposed as with Megatron's default (overlap_grad_reduce and
-  // overlap_param_gather off). Off: left out, as if fully overlapped, or as
-  // benchmarks that time the forward and backward passes only. Default: on
+  // Megatron-LM's distributed optimizer: the fp32 master weights and Adam's
+  // moments (12 bytes a parameter) sharded over the stage's G ranks (DP x
+  // CP); off: replicated on every rank. Default: on
+  bool distributed_optimizer = true;
+  // Close every iteration with the data-parallel gradient sync over the
+  // stage's G ranks: with the distributed optimizer, a reduce-scatter of the
+  // float32 gradients and an all-gather of the updated bf16 weights; without
+  // it, an all-reduce of the gradients. Exposed, as with Megatron's default
+  // (overlap_grad_reduce and overlap_param_gather off). Off: left out, as if
+  // fully overlapped, or as benchmarks that time the forward and backward
+  // passes only. Default: on
   bool grad_sync = true;
   double tolerance = 0.05;  // CAD: initial eps of the planner. Default: 0.05
   // CAD: bytes any device may send or receive per plan (one layer, forward +

@@ -97,7 +97,7 @@ Status RunContextParallel(const SimContext& ctx, const std::vector<CpStageCost>&
       const double kept_kv = keeps_gathered_kv ? act * (c - 1) * k.KvBytesPerToken() : 0.0;
       MemoryInput mem;
       mem.stage_params = ctx.stage_params;
-      mem.optimizer_shards = G;
+      mem.optimizer_shards = ctx.optimizer_shards;
       mem.activation_tokens = act;
       // The last stage also holds the logits of the micro-batch it runs (the
       // largest one, for the bound).

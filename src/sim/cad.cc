@@ -37,7 +37,7 @@ double CadMemoryBytes(const SimContext& ctx, int c) {
   const double tokens = ctx.CadRankTokens(c);
   MemoryInput mem;
   mem.stage_params = ctx.stage_params;
-  mem.optimizer_shards = ctx.stage_ranks;
+  mem.optimizer_shards = ctx.optimizer_shards;
   mem.buffer_bytes = double(o.comm_budget) * o.tp;
   // The first stage holds the most waves in flight, the last one a single
   // wave and its logits; with one stage they are the same.
@@ -296,7 +296,7 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
       MemoryInput mem;
       if (j < G) {
         mem.stage_params = ctx.stage_params;
-        mem.optimizer_shards = G;
+        mem.optimizer_shards = ctx.optimizer_shards;
         mem.activation_tokens = held_max[r] * std::min(P - s, m) * ctx.stage_layers;
         if (s == P - 1) mem.logits_tokens = held_max[r];  // the logits of its largest wave
       }

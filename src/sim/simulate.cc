@@ -108,6 +108,7 @@ SimContext::SimContext(const SimOptions& o) : options(o), costs(o.model, o.hardw
   stage_ranks = o.gpus / (o.tp * o.pp);
   stage_layers = o.model.num_layers / o.pp;
   stage_params = double(ParameterCount(o.model)) / o.pp;
+  optimizer_shards = o.distributed_optimizer ? stage_ranks : 1;
   stage_inter_node = int64_t{o.tp} * stage_ranks > o.hardware.gpus_per_node;
   pipeline_inter_node = o.gpus > o.hardware.gpus_per_node;
 }
@@ -121,8 +122,9 @@ int SimContext::MicroBatchesPerReplica(int c) const {
 
 double SimContext::GradSyncSeconds() const {
   if (!options.grad_sync) return 0.0;
+  const double gathered = options.distributed_optimizer ? options.hardware.dtype_bytes : 4.0;
   return costs.Ring(stage_ranks, stage_params * 4.0, stage_inter_node) +
-         costs.Ring(stage_ranks, stage_params * options.hardware.dtype_bytes, stage_inter_node);
+         costs.Ring(stage_ranks, stage_params * gathered, stage_inter_node);
 }
 
 Status AddGradSync(const SimContext& ctx, BatchOutcome* out) {

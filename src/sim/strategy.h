@@ -17,9 +17,10 @@ struct SimContext {
 
   SimOptions options;
   RankCosts costs;
-  int stage_ranks = 0;      // G = gpus / (tp * pp)
-  int stage_layers = 0;     // layers per pipeline stage
-  double stage_params = 0;  // ParameterCount / pp
+  int stage_ranks = 0;       // G = gpus / (tp * pp)
+  int stage_layers = 0;      // layers per pipeline stage
+  double stage_params = 0;   // ParameterCount / pp
+  int optimizer_shards = 1;  // G with the distributed optimizer, else 1
   // A stage's ranks span nodes (tp * G > gpus_per_node): its all-to-all runs
   // at the inter-node bandwidth.
   bool stage_inter_node = false;
@@ -40,10 +41,11 @@ struct SimContext {
   int InFlight(int m) const { return m < options.pp ? m : options.pp; }
   // The data-parallel gradient sync that closes an iteration
   // (SimOptions::grad_sync; 0 when off): on every stage at once, a ring
-  // reduce-scatter of the float32 gradients (4 B a parameter) and a ring
-  // all-gather of the updated weights (dtype_bytes) over the stage's G ranks,
-  // each device moving its 1 / tp of them; inter-node when the stage spans
-  // nodes.
+  // reduce-scatter of the float32 gradients (4 B a parameter) over the
+  // stage's G ranks, then a ring all-gather of the updated weights
+  // (dtype_bytes) with the distributed optimizer, of the summed gradients (4
+  // B) without it (the all-reduce's second half); each device moves its 1 /
+  // tp of them; inter-node when the stage spans nodes.
   double GradSyncSeconds() const;
 };
 

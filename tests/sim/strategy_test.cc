@@ -520,6 +520,22 @@ TEST(GradSyncTest, ClosesEveryIterationOnTheRanksThatHoldWeights) {
     EXPECT_EQ(off.grad_sync_s, 0.0) << SimStrategyName(s);
     EXPECT_DOUBLE_EQ(on.bytes_moved, off.bytes_moved) << SimStrategyName(s);
   }
+  // Without the distributed optimizer: an all-reduce of the fp32 gradients
+  // (reduce-scatter and all-gather of 4 B each), and the 12 B of master
+  // weights and moments replicated: 12 P (1 - 1 / G) / tp = 3 P more per
+  // device, for every strategy.
+  SimOptions replicated = o;
+  replicated.distributed_optimizer = false;
+  const double all_reduce = 2 * 1e-5 + P * (4 + 4) * 0.5 / (2 * 10e9);
+  EXPECT_NEAR(sim::SimContext(replicated).GradSyncSeconds(), all_reduce, all_reduce * kRel);
+  for (SimStrategy s : {SimStrategy::kWlbIdeal, SimStrategy::kMegatron, SimStrategy::kDistcaPaper,
+                        SimStrategy::kDistca, SimStrategy::kColocated}) {
+    const SimResult sharded = SimulateOne(o, {{1024, 512, 512}}, s);
+    const SimResult full = SimulateOne(replicated, {{1024, 512, 512}}, s);
+    EXPECT_NEAR(full.memory_max_bytes - sharded.memory_max_bytes, 3 * P, 3 * P * 1e-6) << SimStrategyName(s);
+    EXPECT_NEAR(full.iteration_s - sharded.iteration_s, all_reduce - sync, sync * 1e-6) << SimStrategyName(s);
+  }
+
   // Busy: the ranks that hold weights, not a stage's dedicated servers (pp
   // 2, G = 2 ranks then 1 server per stage).
   o.gpus = 8;
