@@ -14,13 +14,18 @@ namespace {
 
 using nlohmann::json;
 
-Status Number(const json& j, const std::string& where, const char* key, double* out) {
+// A positive number in [lo, hi]: the bounds keep every simulated time finite
+// (a peak of 1e-300 FLOP/s would make every iteration infinite).
+Status Number(const json& j, const std::string& where, const char* key, double* out, double lo, double hi) {
   if (!j.contains(key)) return Status::InvalidArgument(fmt::format("{}: missing \"{}\"", where, key));
   const json& v = j.at(key);
   if (!v.is_number()) return Status::InvalidArgument(fmt::format("{}: \"{}\" must be a number", where, key));
   *out = v.get<double>();
   if (!std::isfinite(*out) || *out <= 0)
     return Status::InvalidArgument(fmt::format("{}: \"{}\" must be positive, got {}", where, key, v.dump()));
+  if (*out < lo || *out > hi)
+    return Status::InvalidArgument(
+        fmt::format("{}: \"{}\" must be in [{:g}, {:g}], got {}", where, key, lo, hi, v.dump()));
   return Status::Ok();
 }
 
@@ -45,8 +50,8 @@ Status Link(const json& network, const char* key, LinkProfile* link) {
   if (!network.contains(key) || !network.at(key).is_object())
     return Status::InvalidArgument(where + " must be an object {\"bandwidth\", \"latency_s\"}");
   const json& l = network.at(key);
-  DISTCA_RETURN_IF_ERROR(Number(l, where, "bandwidth", &link->bandwidth));
-  return Number(l, where, "latency_s", &link->latency_s);
+  DISTCA_RETURN_IF_ERROR(Number(l, where, "bandwidth", &link->bandwidth, 1e3, 1e15));
+  return Number(l, where, "latency_s", &link->latency_s, 1e-12, 10);
 }
 
 Status Curve(const json& j, std::vector<std::pair<double, double>>* curve) {
@@ -62,9 +67,9 @@ Status Curve(const json& j, std::vector<std::pair<double, double>>* curve) {
     const double q = point[0].get<double>(), f = point[1].get<double>();
     if (!(q >= 1) || !std::isfinite(q))
       return Status::InvalidArgument(fmt::format("{}[{}]: q_len must be >= 1, got {}", where, i, point[0].dump()));
-    if (!(f > 0 && f <= 1))
+    if (!(f >= 1e-6 && f <= 1))
       return Status::InvalidArgument(
-          fmt::format("{}[{}]: fraction must be in (0, 1], got {}", where, i, point[1].dump()));
+          fmt::format("{}[{}]: fraction must be in [1e-06, 1], got {}", where, i, point[1].dump()));
     if (i > 0 && q <= curve->back().first)
       return Status::InvalidArgument(
           fmt::format("{}[{}]: q_len {} is not above the previous {}", where, i, q, curve->back().first));
@@ -92,7 +97,7 @@ Status Tables(const json& j, std::vector<AttentionTable>* out) {
     if (table.q_heads % table.kv_heads != 0)
       return Status::InvalidArgument(
           fmt::format("{}: q_heads ({}) must be a multiple of kv_heads ({})", where, table.q_heads, table.kv_heads));
-    if (t.contains("scale")) DISTCA_RETURN_IF_ERROR(Number(t, where, "scale", &table.scale));
+    if (t.contains("scale")) DISTCA_RETURN_IF_ERROR(Number(t, where, "scale", &table.scale, 1e-6, 1e6));
     for (size_t k = 0; k < out->size(); ++k) {
       const AttentionTable& other = (*out)[k];
       if (other.q_heads == table.q_heads && other.kv_heads == table.kv_heads && other.head_dim == table.head_dim)
@@ -130,10 +135,8 @@ Status ParseHardwareProfile(std::string_view text, HardwareProfile* profile) {
   DISTCA_RETURN_IF_ERROR(Text(j, "name", &p.name));
   DISTCA_RETURN_IF_ERROR(Text(j, "source", &p.source));
   DISTCA_RETURN_IF_ERROR(Integer(j, where, "gpus_per_node", &p.gpus_per_node));
-  DISTCA_RETURN_IF_ERROR(Number(j, where, "peak_flops", &p.peak_flops));
-  DISTCA_RETURN_IF_ERROR(Number(j, where, "linear_mfu", &p.linear_mfu));
-  if (p.linear_mfu > 1)
-    return Status::InvalidArgument(fmt::format("{}: \"linear_mfu\" must be at most 1, got {}", where, p.linear_mfu));
+  DISTCA_RETURN_IF_ERROR(Number(j, where, "peak_flops", &p.peak_flops, 1e6, 1e18));
+  DISTCA_RETURN_IF_ERROR(Number(j, where, "linear_mfu", &p.linear_mfu, 1e-6, 1));
   if (j.contains("tp_collectives")) {
     if (!j.at("tp_collectives").is_boolean())
       return Status::InvalidArgument(where + ": \"tp_collectives\" must be true or false");
@@ -141,14 +144,11 @@ Status ParseHardwareProfile(std::string_view text, HardwareProfile* profile) {
   }
   DISTCA_RETURN_IF_ERROR(Curve(j, &p.attention_efficiency));
   if (j.contains("attention_backward_factor")) {
-    DISTCA_RETURN_IF_ERROR(Number(j, where, "attention_backward_factor", &p.attention_backward_factor));
-    if (p.attention_backward_factor < 1)
-      return Status::InvalidArgument(fmt::format("{}: \"attention_backward_factor\" must be at least 1, got {}", where,
-                                                 p.attention_backward_factor));
+    DISTCA_RETURN_IF_ERROR(Number(j, where, "attention_backward_factor", &p.attention_backward_factor, 1, 100));
   }
   DISTCA_RETURN_IF_ERROR(Tables(j, &p.attention_tables));
   DISTCA_RETURN_IF_ERROR(Integer(j, where, "dtype_bytes", &p.dtype_bytes));
-  DISTCA_RETURN_IF_ERROR(Number(j, where, "memory_bytes", &p.memory_bytes));
+  DISTCA_RETURN_IF_ERROR(Number(j, where, "memory_bytes", &p.memory_bytes, 1e6, 1e15));
   if (!j.contains("network") || !j.at("network").is_object())
     return Status::InvalidArgument(where + ": \"network\" must be an object with intra_node and inter_node");
   DISTCA_RETURN_IF_ERROR(Link(j.at("network"), "intra_node", &p.intra_node));

@@ -362,6 +362,10 @@ Status Simulate(const SimOptions& options, const std::vector<std::vector<int64_t
     }
     // CAD keeps the first (smallest) degree that fits: it stops there.
     SimResult best = *std::min_element(pool.begin(), pool.end(), faster);
+    if (!std::isfinite(best.iteration_s) || !(best.iteration_s > 0))
+      return Status::InvalidArgument(
+          fmt::format("{}: the simulated iteration time is {} (check the hardware profile's figures)", e.name,
+                      best.iteration_s));
     out.push_back(std::move(best));
   }
   for (const SimResult& r : out) {

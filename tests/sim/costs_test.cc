@@ -193,13 +193,24 @@ TEST(HardwareProfileTest, ErrorsNameTheField) {
   EXPECT_TRUE(
       Contains(ParseHardwareProfile(replace("\"peak_flops\": 1e12", "\"peak\": 1e12"), &p), "missing \"peak_flops\""));
   EXPECT_TRUE(Contains(ParseHardwareProfile(replace("\"linear_mfu\": 0.5", "\"linear_mfu\": 1.5"), &p),
-                       "\"linear_mfu\" must be at most 1"));
+                       "\"linear_mfu\" must be in [1e-06, 1], got 1.5"));
+  // Absurd magnitudes would make every simulated time infinite or zero.
+  EXPECT_TRUE(Contains(ParseHardwareProfile(replace("\"peak_flops\": 1e12", "\"peak_flops\": 1e-300"), &p),
+                       "\"peak_flops\" must be in [1e+06, 1e+18]"));
+  EXPECT_TRUE(Contains(ParseHardwareProfile(replace("\"memory_bytes\": 1e12", "\"memory_bytes\": 1e300"), &p),
+                       "\"memory_bytes\" must be in [1e+06, 1e+15]"));
+  EXPECT_TRUE(Contains(ParseHardwareProfile(replace("\"bandwidth\": 10e9", "\"bandwidth\": 1e-9"), &p),
+                       "network.inter_node: \"bandwidth\" must be in [1000, 1e+15]"));
+  EXPECT_TRUE(Contains(ParseHardwareProfile(replace("\"latency_s\": 1e-5", "\"latency_s\": 1e5"), &p),
+                       "network.inter_node: \"latency_s\" must be in [1e-12, 10]"));
   EXPECT_TRUE(Contains(ParseHardwareProfile(replace("\"gpus_per_node\": 2", "\"gpus_per_node\": 2.5"), &p),
                        "\"gpus_per_node\" must be a positive integer"));
   EXPECT_TRUE(Contains(ParseHardwareProfile(replace("[[128, 0.5], [1024, 1.0]]", "[[128, 0.5], [64, 1.0]]"), &p),
                        "is not above the previous"));
   EXPECT_TRUE(Contains(ParseHardwareProfile(replace("[[128, 0.5], [1024, 1.0]]", "[[128, 1.5]]"), &p),
-                       "fraction must be in (0, 1]"));
+                       "fraction must be in [1e-06, 1]"));
+  EXPECT_TRUE(Contains(ParseHardwareProfile(replace("[[128, 0.5], [1024, 1.0]]", "[[128, 1e-300]]"), &p),
+                       "fraction must be in [1e-06, 1]"));
   EXPECT_TRUE(Contains(ParseHardwareProfile(replace("[[128, 0.5], [1024, 1.0]]", "[]"), &p), "non-empty array"));
   EXPECT_TRUE(Contains(ParseHardwareProfile(replace("\"latency_s\": 1e-5", "\"latency_s\": \"fast\""), &p),
                        "network.inter_node: \"latency_s\" must be a number"));
@@ -214,7 +225,7 @@ TEST(HardwareProfileTest, ErrorsNameTheField) {
   EXPECT_DOUBLE_EQ(RankCosts(TestModel(), p, 2).AttentionBackwardFactor(), 3.0);
   EXPECT_TRUE(Contains(
       ParseHardwareProfile(replace("\"dtype_bytes\": 2", "\"attention_backward_factor\": 0.5, \"dtype_bytes\": 2"), &p),
-      "\"attention_backward_factor\" must be at least 1"));
+      "\"attention_backward_factor\" must be in [1, 100]"));
   EXPECT_EQ(LoadHardwareProfile("/nonexistent/profile.json", &p).code(), StatusCode::kIoError);
   // network.all_to_all is optional; when given, CAD's all-to-all across nodes uses it.
   const std::string a2a =
