@@ -112,7 +112,7 @@ void PrintTable(const std::vector<SimResult>& results, bool breakdown) {
                distca::SimStrategyName(r.strategy), r.iteration_s, r.tokens_per_s,
                r.speedup > 0 ? fmt::format("{:.3f}x", r.speedup) : "-", r.idle_fraction, r.memory_max_bytes * 1e-9,
                r.memory_fits ? " " : "!", r.memory_mean_bytes * 1e-9, r.bytes_moved * 1e-9, r.max_buffer_bytes * 1e-9,
-               r.cp, IsCad(r.strategy) ? fmt::format("{:.2f}", r.tolerance_used) : "-");
+               r.cp, IsCad(r.strategy) ? fmt::format("{:.3g}", r.tolerance_used) : "-");
   }
   bool over = false;
   for (const SimResult& r : results) over |= !r.memory_fits;

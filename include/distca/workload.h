@@ -30,6 +30,11 @@ Status ReadBatchesFile(const std::string& path, std::vector<std::vector<int64_t>
 // The most tokens one sampled or streamed batch may hold (about a million
 // documents of the Pretrain distribution): 64x the paper's largest batch.
 inline constexpr int64_t kMaxTokensPerBatch = int64_t{1} << 32;
+// The most documents the recipe's pool may hold after upsampling (about 0.5
+// GB of lengths; the Pretrain file holds 72K documents).
+inline constexpr int64_t kMaxSampledDocuments = int64_t{1} << 26;
+// The most batches one call may sample (the paper uses 30 per configuration).
+inline constexpr int kMaxSampledBatches = 100'000;
 
 struct WorkloadRecipe {
   int64_t tokens_per_batch = 0;        // R * tokens per rank, at most kMaxTokensPerBatch; required
@@ -42,7 +47,8 @@ struct WorkloadRecipe {
 };
 
 // Samples `count` batches from `pool` (document lengths) following `recipe`.
-// Deterministic for a given seed.
+// Deterministic for a given seed. OutOfRange when upsampling makes the pool
+// larger than kMaxSampledDocuments or count exceeds kMaxSampledBatches.
 Status SampleBatches(const std::vector<int64_t>& pool, const WorkloadRecipe& recipe, int count,
                      std::vector<std::vector<int64_t>>* batches);
 

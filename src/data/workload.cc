@@ -67,7 +67,15 @@ Status SampleBatches(const std::vector<int64_t>& pool, const WorkloadRecipe& r, 
     return Status::InvalidArgument(fmt::format("elongate must be a positive number, got {}", r.elongate));
   if (r.max_doc_len < 0) return Status::InvalidArgument("max doc length must be >= 0");
   if (count < 0) return Status::InvalidArgument("batch count must be >= 0");
+  if (count > kMaxSampledBatches)
+    return Status::OutOfRange(fmt::format("{} batches is above the limit of {}", count, kMaxSampledBatches));
   if (pool.empty()) return Status::InvalidArgument("the length pool is empty");
+  const int64_t long_docs =
+      std::count_if(pool.begin(), pool.end(), [&](int64_t l) { return l >= r.upsample_threshold; });
+  if (long_docs * r.upsample + int64_t(pool.size()) - long_docs > kMaxSampledDocuments)
+    return Status::OutOfRange(
+        fmt::format("upsampling {} long documents x {} makes a pool above the limit of {} documents", long_docs,
+                    r.upsample, kMaxSampledDocuments));
 
   std::mt19937_64 rng(r.seed);
   std::bernoulli_distribution keep(r.filter_ratio);

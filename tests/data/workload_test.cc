@@ -75,6 +75,14 @@ TEST(WorkloadTest, RecipeArguments) {
   EXPECT_TRUE(Contains(SampleBatches({5}, r, 1, &out), "elongate"));
   r.elongate = 1;
   EXPECT_TRUE(Contains(SampleBatches({}, r, 1, &out), "empty"));
+  // Limits that keep sampling finite: the upsampled pool and the batch count.
+  r.upsample = 1 << 30;
+  r.upsample_threshold = 100;
+  EXPECT_TRUE(Contains(SampleBatches({5, 200}, r, 1, &out),
+                       "upsampling 1 long documents x 1073741824 makes a pool above the limit of 67108864"));
+  r.upsample = 1;
+  EXPECT_TRUE(Contains(SampleBatches({5}, r, kMaxSampledBatches + 1, &out), "100001 batches is above the limit"));
+  EXPECT_TRUE(SampleBatches({5}, r, 3, &out).ok());
 }
 
 }  // namespace
