@@ -58,6 +58,11 @@ class CostModel {
 // Longest document the planner accepts: its causal pair count, ~L^2 / 2, must
 // fit in int64.
 inline constexpr int64_t kMaxDocumentLength = int64_t{1} << 31;
+// The most ranks plus dedicated servers one plan may span.
+inline constexpr int kMaxPlanServers = 1 << 20;
+// The widest q_heads x head_dim a plan's model may have (ModelConfig's width
+// limit), so that a batch's bytes stay within 64 bits.
+inline constexpr int64_t kMaxPlanWidth = int64_t{1} << 24;
 
 // Causal (query, key) pairs of query rows [q_begin, q_end) with KV [0, q_end):
 // q * q_end - q * (q - 1) / 2 for q = q_end - q_begin.

@@ -53,6 +53,9 @@ Status ValidateOptions(const PlanOptions& o) {
   if (o.ranks <= 0) return Status::InvalidArgument(fmt::format("ranks must be positive, got {}", o.ranks));
   if (o.dedicated_servers < 0)
     return Status::InvalidArgument(fmt::format("dedicated servers must be >= 0, got {}", o.dedicated_servers));
+  if (int64_t{o.ranks} + o.dedicated_servers > kMaxPlanServers)
+    return Status::OutOfRange(fmt::format("{} ranks and {} dedicated servers are above the limit of {} in all", o.ranks,
+                                          o.dedicated_servers, kMaxPlanServers));
   if (!(o.tolerance >= 0) || !std::isfinite(o.tolerance))
     return Status::InvalidArgument(fmt::format("tolerance must be a finite number >= 0, got {}", o.tolerance));
   if (o.block <= 0) return Status::InvalidArgument(fmt::format("block must be positive, got {}", o.block));
@@ -66,6 +69,12 @@ Status ValidateOptions(const PlanOptions& o) {
   if (m.q_heads % m.kv_heads != 0)
     return Status::InvalidArgument(
         fmt::format("q_heads ({}) is not a multiple of kv_heads ({})", m.q_heads, m.kv_heads));
+  // Bounds that keep a batch's bytes (rows x heads x head_dim x dtype) within
+  // 64 bits.
+  if (int64_t{m.q_heads} * m.head_dim > kMaxPlanWidth || m.dtype_bytes > 8)
+    return Status::OutOfRange(
+        fmt::format("q_heads x head_dim ({} x {}) must be at most {} and dtype_bytes ({}) at most 8", m.q_heads,
+                    m.head_dim, kMaxPlanWidth, m.dtype_bytes));
   return Status::Ok();
 }
 

@@ -148,6 +148,8 @@ Status ParseHardwareProfile(std::string_view text, HardwareProfile* profile) {
   }
   DISTCA_RETURN_IF_ERROR(Tables(j, &p.attention_tables));
   DISTCA_RETURN_IF_ERROR(Integer(j, where, "dtype_bytes", &p.dtype_bytes));
+  if (p.dtype_bytes > 8)
+    return Status::InvalidArgument(fmt::format("{}: \"dtype_bytes\" must be at most 8, got {}", where, p.dtype_bytes));
   DISTCA_RETURN_IF_ERROR(Number(j, where, "memory_bytes", &p.memory_bytes, 1e6, 1e15));
   if (!j.contains("network") || !j.at("network").is_object())
     return Status::InvalidArgument(where + ": \"network\" must be an object with intra_node and inter_node");

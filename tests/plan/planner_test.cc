@@ -332,6 +332,16 @@ TEST(PlannerTest, BadOptions) {
   EXPECT_TRUE(Contains(BuildPlan({100}, o, cost, &p), "not a multiple of kv_heads"));
   o.model.kv_heads = 8;
   EXPECT_TRUE(Contains(BuildPlan({}, o, cost, &p), "no documents"));
+  // Sizes whose bytes would overflow 64 bits, and absurd server counts.
+  o.model.head_dim = 1 << 30;
+  EXPECT_TRUE(Contains(BuildPlan({100}, o, cost, &p), "must be at most 16777216"));
+  o.model.head_dim = 128;
+  o.model.dtype_bytes = 16;
+  EXPECT_TRUE(Contains(BuildPlan({100}, o, cost, &p), "dtype_bytes (16) at most 8"));
+  o.model.dtype_bytes = 2;
+  o.dedicated_servers = kMaxPlanServers;
+  EXPECT_TRUE(Contains(BuildPlan({100}, o, cost, &p), "above the limit of 1048576 in all"));
+  o.dedicated_servers = 0;
   PlanPolicy policy;
   EXPECT_TRUE(Contains(ParsePlanPolicy("fastest", &policy), "unknown policy 'fastest'"));
 }

@@ -197,6 +197,8 @@ TEST(HardwareProfileTest, ErrorsNameTheField) {
   // Absurd magnitudes would make every simulated time infinite or zero.
   EXPECT_TRUE(Contains(ParseHardwareProfile(replace("\"peak_flops\": 1e12", "\"peak_flops\": 1e-300"), &p),
                        "\"peak_flops\" must be in [1e+06, 1e+18]"));
+  EXPECT_TRUE(Contains(ParseHardwareProfile(replace("\"dtype_bytes\": 2", "\"dtype_bytes\": 16"), &p),
+                       "\"dtype_bytes\" must be at most 8, got 16"));
   EXPECT_TRUE(Contains(ParseHardwareProfile(replace("\"memory_bytes\": 1e12", "\"memory_bytes\": 1e300"), &p),
                        "\"memory_bytes\" must be in [1e+06, 1e+15]"));
   EXPECT_TRUE(Contains(ParseHardwareProfile(replace("\"bandwidth\": 10e9", "\"bandwidth\": 1e-9"), &p),
