@@ -99,10 +99,13 @@ class Comm {
   Status CheckCounts(std::span<const int64_t> send_counts, std::span<const int64_t> recv_counts) const;
 };
 
+// The most ranks the local backend runs (one thread each, in one process).
+inline constexpr int kMaxLocalRanks = 1024;
+
 struct CommOptions {
   enum class Backend { kAuto, kLocal, kMpi };
   Backend backend = Backend::kAuto;  // Default: MPI under mpirun, else local
-  int local_ranks = 1;               // ranks (threads) of the local backend. Default: 1
+  int local_ranks = 1;               // ranks (threads) of the local backend, at most kMaxLocalRanks. Default: 1
   // The local backend's limit on any single blocking wait; past it the call
   // fails instead of hanging. Default: 120 s
   double timeout_seconds = 120.0;

@@ -266,6 +266,11 @@ class LocalComm : public Comm {
 
 Status RunLocal(int ranks, double timeout_seconds, const std::function<Status(Comm&)>& fn) {
   if (ranks <= 0) return Status::InvalidArgument(fmt::format("local backend needs ranks >= 1, got {}", ranks));
+  if (ranks > kMaxLocalRanks)
+    return Status::OutOfRange(
+        fmt::format("local backend runs at most {} ranks (threads of one process), got {}; use "
+                    "mpirun for more",
+                    kMaxLocalRanks, ranks));
   if (!(timeout_seconds > 0)) return Status::InvalidArgument("local backend needs a positive timeout");
   World world(ranks, timeout_seconds);
   std::vector<Status> results(ranks);

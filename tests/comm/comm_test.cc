@@ -93,6 +93,8 @@ TEST(CommTest, BackendChoice) {
               }).ok());
   EXPECT_EQ(backend, LaunchedByMpirun() ? "mpi" : "local");
   EXPECT_EQ(RunLocal(0, [](Comm&) { return Status::Ok(); }).code(), StatusCode::kInvalidArgument);
+  // More threads than one process should run: refused before any starts.
+  EXPECT_EQ(RunLocal(kMaxLocalRanks + 1, [](Comm&) { return Status::Ok(); }).code(), StatusCode::kOutOfRange);
 }
 
 }  // namespace
