@@ -165,9 +165,30 @@ struct Record {
   double gflops;
 };
 
+// Options a run can honour: thread counts one process can start, and head
+// shapes the CA engine takes (the table's largest task then holds a few GB).
+bool CheckOptions(const AttentionBenchOptions& o, std::string* error) {
+  for (int t : o.threads) {
+    if (t < 1 || t > 1024) {
+      *error = fmt::format("--threads {} is outside [1, 1024]", t);
+      return false;
+    }
+  }
+  if (o.q_heads < 1 || o.q_heads > 256 || o.kv_heads < 1 || o.q_heads % o.kv_heads != 0 || o.head_dim < 1 ||
+      o.head_dim > AttentionShape::kMaxHeadDim) {
+    *error = fmt::format(
+        "--q-heads {} / --kv-heads {} / --head-dim {}: the query heads must be in [1, 256] and a multiple of the KV "
+        "heads, the head dimension in [1, {}]",
+        o.q_heads, o.kv_heads, o.head_dim, AttentionShape::kMaxHeadDim);
+    return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 bool MeasureAttentionCostTable(const AttentionBenchOptions& o, std::string* csv_out, std::string* error) {
+  if (!CheckOptions(o, error)) return false;
   const AttentionKernel kernel = ResolveAttentionKernel(o.kernel);
   const std::vector<int64_t> q_lens =
       o.short_mode ? std::vector<int64_t>{128, 512} : std::vector<int64_t>{128, 256, 512, 1024, 2048, 4096};
@@ -209,6 +230,7 @@ bool MeasureAttentionCostTable(const AttentionBenchOptions& o, std::string* csv_
 }
 
 bool RunAttentionBench(const AttentionBenchOptions& o, std::string* error) {
+  if (!CheckOptions(o, error)) return false;
   if (!o.table_out.empty()) {
     std::string csv;
     if (!MeasureAttentionCostTable(o, &csv, error)) return false;
