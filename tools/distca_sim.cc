@@ -130,17 +130,19 @@ void PrintTable(const std::vector<SimResult>& results, bool breakdown) {
 }
 
 // Writes `csv` to base.csv and `script` to base.gp, then draws png with
-// gnuplot. 0 on success, else Fail's status.
-int WriteChart(const std::string& base, const std::string& csv, const std::string& script, const std::string& png) {
+// gnuplot; says so on stdout unless `quiet` (JSON output). 0 on success,
+// else Fail's status.
+int WriteChart(const std::string& base, const std::string& csv, const std::string& script, const std::string& png,
+               bool quiet = false) {
   Status s = distca::WriteFileAtomic(base + ".csv", csv);
   if (s.ok()) s = distca::WriteTextFile(base + ".gp", script);
   if (!s.ok()) return Fail(s.message());
-  fmt::print("wrote {}.csv\n", base);
+  if (!quiet) fmt::print("wrote {}.csv\n", base);
   const std::string command = fmt::format("gnuplot '{}.gp'", base);
   const int rc = std::system(command.c_str());
   if (rc != 0)
     return Fail(fmt::format("'{}' failed (exit status {}); is gnuplot installed (scripts/install-deps)?", command, rc));
-  fmt::print("wrote {}\n", png);
+  if (!quiet) fmt::print("wrote {}\n", png);
   return 0;
 }
 
@@ -236,7 +238,7 @@ int RunToleranceSweep(const Args& a, const std::vector<std::vector<int64_t>>& ba
                                   fmt::format("{} on {} GPUs (tp {}, pp {}), L {}, B {}, {} batches", o.model.name,
                                               o.gpus, o.tp, o.pp, o.max_doc_len, o.batch_size, batches.size()),
                                   cad),
-      png);
+      png, a.json);
 }
 
 // --search: every strategy at every (tp, pp) shape; the fastest that fits.
