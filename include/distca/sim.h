@@ -9,9 +9,10 @@
 // max_doc_len (L) tokens, and an iteration processes batch_size (B) chunks.
 // A micro-batch is one chunk: with context-parallel degree c it is spread over
 // the c ranks of a CP group (L / c tokens each) and each of the d = G / c
-// data-parallel replicas runs B / d of them. CAD holds L / c_min tokens per
-// rank (c_min: the smallest power of two whose tokens fit in memory) and runs
-// waves of G / c_min chunks over all G ranks.
+// data-parallel replicas runs B / d of them. CAD holds L / c tokens per rank
+// and runs waves of G / c chunks over all G ranks: c = c_min, the smallest
+// power of two whose tokens fit in memory, with one pipeline stage; the
+// fastest from c_min up with several (more waves, shorter bubbles).
 #pragma once
 
 #include <cstdint>
@@ -210,9 +211,9 @@ struct SimResult {
   bool memory_fits = true;
   double bytes_moved = 0;       // per iteration, mean over batches, all ranks
   double max_buffer_bytes = 0;  // CAD: largest per-rank send + receive of one layer, per device
-  // Baselines: the CP degree c used; CAD: c_min (each rank holds L / c_min
-  // tokens per wave), 0 with micro_batches set (B L / (m G) tokens per rank);
-  // colocated: 1.
+  // Baselines: the CP degree c used; CAD: the degree c of its waves (each
+  // rank holds L / c tokens per wave; c_min with one stage), 0 with
+  // micro_batches set (B L / (m G) tokens per rank); colocated: 1.
   int cp = 0;
   double tolerance_used = 0;  // CAD: mean eps of the plans (after comm-budget raises)
   // Seconds of the gradient sync in each iteration (SimOptions::grad_sync;

@@ -330,7 +330,8 @@ Status Simulate(const SimOptions& options, const std::vector<std::vector<int64_t
         break;
     }
     // Baselines: the fastest degree whose memory fits; CAD: the first degree
-    // (smallest) whose memory fits. If none fits, the one needing the least
+    // (smallest) whose memory fits with one stage, the fastest from c_min up
+    // with several. If none fits, the one needing the least
     // memory (the fastest among those within 1% of it: with micro_batches
     // set, the degree barely changes the memory), flagged by memory_fits =
     // false.
@@ -348,7 +349,10 @@ Status Simulate(const SimOptions& options, const std::vector<std::vector<int64_t
       tried.push_back(
           Summarize(options, id, e.cp == CpChoice::kMinFit && options.micro_batches > 0 ? 0 : cp, outcomes));
       tried.back().grad_sync_s = ctx.GradSyncSeconds();
-      if (e.cp == CpChoice::kMinFit && tried.back().memory_fits) break;
+      // CAD with one stage stops at the first degree that fits (a larger c
+      // only cuts the same work into more, smaller waves); with pipeline
+      // stages it tries the larger ones too: more waves, shorter bubbles.
+      if (e.cp == CpChoice::kMinFit && options.pp == 1 && tried.back().memory_fits) break;
     }
     auto faster = [](const SimResult& a, const SimResult& b) { return a.iteration_s < b.iteration_s; };
     std::vector<SimResult> pool;
@@ -361,12 +365,11 @@ Status Simulate(const SimOptions& options, const std::vector<std::vector<int64_t
       for (const SimResult& r : tried)
         if (r.memory_max_bytes <= 1.01 * least) pool.push_back(r);
     }
-    // CAD keeps the first (smallest) degree that fits: it stops there.
+    // The fastest of the degrees tried that fit.
     SimResult best = *std::min_element(pool.begin(), pool.end(), faster);
     if (!std::isfinite(best.iteration_s) || !(best.iteration_s > 0))
-      return Status::InvalidArgument(
-          fmt::format("{}: the simulated iteration time is {} (check the hardware profile's figures)", e.name,
-                      best.iteration_s));
+      return Status::InvalidArgument(fmt::format(
+          "{}: the simulated iteration time is {} (check the hardware profile's figures)", e.name, best.iteration_s));
     out.push_back(std::move(best));
   }
   for (const SimResult& r : out) {

@@ -459,6 +459,35 @@ TEST(CadTest, CMinIsTheSmallestDegreeWhoseTokensFit) {
   }
 }
 
+TEST(CadTest, WithPipelineStagesTheFastestDegreeThatFits) {
+  // 8 devices, tp 2, pp 2: G = 2 ranks per stage, B = 2 chunks, one
+  // 2048-token document. CAD at c = 1 runs one wave of both chunks (2 ticks),
+  // at c = 2 two waves of one chunk over both ranks (3 shorter ticks): here c
+  // = 2 is faster, and c_min = 1 would have been kept before. It must pick
+  // the faster of the two.
+  SimOptions o = TestOptions();
+  o.gpus = 8;
+  o.pp = 2;
+  o.batch_size = 2;
+  const std::vector<std::vector<int64_t>> batch = {{2048}};
+  for (SimStrategy s : {SimStrategy::kDistca, SimStrategy::kDistcaPaper}) {
+    const sim::SimContext ctx(o);
+    double time[3] = {0, 0, 0};
+    for (int c : {1, 2}) {
+      sim::BatchOutcome out;
+      const Status st = s == SimStrategy::kDistca ? sim::SimulateDistca(ctx, batch[0], c, &out)
+                                                  : sim::SimulateDistcaPaper(ctx, batch[0], c, &out);
+      ASSERT_TRUE(st.ok()) << st.ToString();
+      time[c] = out.iteration_s;
+    }
+    ASSERT_LT(time[2], time[1]) << SimStrategyName(s);
+    const int fastest = 2;
+    const SimResult r = SimulateOne(o, batch, s);
+    EXPECT_EQ(r.cp, fastest) << SimStrategyName(s);
+    EXPECT_DOUBLE_EQ(r.iteration_s, time[fastest]) << SimStrategyName(s);
+  }
+}
+
 TEST(PipelineStrategiesTest, OneFOneBAgainstAlignedTicks) {
   // 4 devices, tp 2, pp 2: one rank per stage, one layer per stage, m = 2.
   SimOptions o = TestOptions();
@@ -528,8 +557,8 @@ TEST(GradSyncTest, ClosesEveryIterationOnTheRanksThatHoldWeights) {
   replicated.distributed_optimizer = false;
   const double all_reduce = 2 * 1e-5 + P * (4 + 4) * 0.5 / (2 * 10e9);
   EXPECT_NEAR(sim::SimContext(replicated).GradSyncSeconds(), all_reduce, all_reduce * kRel);
-  for (SimStrategy s : {SimStrategy::kWlbIdeal, SimStrategy::kMegatron, SimStrategy::kDistcaPaper,
-                        SimStrategy::kDistca, SimStrategy::kColocated}) {
+  for (SimStrategy s : {SimStrategy::kWlbIdeal, SimStrategy::kMegatron, SimStrategy::kDistcaPaper, SimStrategy::kDistca,
+                        SimStrategy::kColocated}) {
     const SimResult sharded = SimulateOne(o, {{1024, 512, 512}}, s);
     const SimResult full = SimulateOne(replicated, {{1024, 512, 512}}, s);
     EXPECT_NEAR(full.memory_max_bytes - sharded.memory_max_bytes, 3 * P, 3 * P * 1e-6) << SimStrategyName(s);
