@@ -351,8 +351,14 @@ Status Simulate(const SimOptions& options, const std::vector<std::vector<int64_t
       tried.back().grad_sync_s = ctx.GradSyncSeconds();
       // CAD with one stage stops at the first degree that fits (a larger c
       // only cuts the same work into more, smaller waves); with pipeline
-      // stages it tries the larger ones too: more waves, shorter bubbles.
-      if (e.cp == CpChoice::kMinFit && options.pp == 1 && tried.back().memory_fits) break;
+      // stages it tries the larger ones too (more waves, shorter bubbles)
+      // until one is slower than the degree before it that fit: the bubbles
+      // shrink as 1 / waves while the per-wave costs grow.
+      if (e.cp == CpChoice::kMinFit && tried.back().memory_fits) {
+        if (options.pp == 1) break;
+        const size_t k = tried.size();
+        if (k >= 2 && tried[k - 2].memory_fits && tried[k - 1].iteration_s > tried[k - 2].iteration_s) break;
+      }
     }
     auto faster = [](const SimResult& a, const SimResult& b) { return a.iteration_s < b.iteration_s; };
     std::vector<SimResult> pool;
