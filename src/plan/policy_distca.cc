@@ -23,6 +23,7 @@
 #include <cmath>
 #include <numeric>
 #include <queue>
+#include <unordered_map>
 
 #include "plan/planner_internal.h"
 
@@ -167,7 +168,40 @@ class DistcaPlanner {
   double cap_ = 0;
   std::vector<double> load_;
   std::vector<std::vector<int>> server_tasks_;  // tasks per server
-  std::vector<std::vector<KvState>> kv_;        // per document: servers with K/V of it
+  std::vector<std::vector<KvState>> kv_;        // per document: servers with K/V of it, in arrival order
+  // Per document with more than kIndexFrom servers in kv_: server -> its
+  // entry (a document spread over hundreds of idle servers made linear
+  // lookups the planner's hot loop; for a few servers a scan is cheaper).
+  static constexpr size_t kIndexFrom = 16;
+  std::vector<std::unordered_map<int, int>> kv_at_;
+  // The server's entry in kv_[doc], or -1.
+  int KvIndex(int doc, int server) const {
+    const std::vector<KvState>& v = kv_[doc];
+    if (v.size() <= kIndexFrom) {
+      for (size_t i = 0; i < v.size(); ++i)
+        if (v[i].server == server) return static_cast<int>(i);
+      return -1;
+    }
+    const auto it = kv_at_[doc].find(server);
+    return it == kv_at_[doc].end() ? -1 : it->second;
+  }
+  // The server's K/V state for the document, or null.
+  const KvState* KvOf(int doc, int server) const {
+    const int i = KvIndex(doc, server);
+    return i < 0 ? nullptr : &kv_[doc][i];
+  }
+  // The server's K/V state for the document, added (sent_end 0) if new.
+  KvState& AddKv(int doc, int server) {
+    std::vector<KvState>& v = kv_[doc];
+    if (const int i = KvIndex(doc, server); i >= 0) return v[i];
+    v.push_back({server, 0});
+    if (v.size() == kIndexFrom + 1) {
+      for (size_t i = 0; i < v.size(); ++i) kv_at_[doc].emplace(v[i].server, static_cast<int>(i));
+    } else if (v.size() > kIndexFrom + 1) {
+      kv_at_[doc].emplace(server, static_cast<int>(v.size() - 1));
+    }
+    return v.back();
+  }
   // Receivers by remaining room (lazy: entries are checked against load_).
   std::priority_queue<std::pair<double, int>> receivers_;
 };
@@ -181,9 +215,8 @@ int64_t DistcaPlanner::HeldRows(int doc, int server, int64_t a, int64_t b) const
 }
 
 int64_t DistcaPlanner::NewKvRows(int doc, int server, int64_t q_end) const {
-  int64_t sent_end = 0;
-  for (const KvState& k : kv_[doc])
-    if (k.server == server) sent_end = k.sent_end;
+  const KvState* k = KvOf(doc, server);
+  const int64_t sent_end = k != nullptr ? k->sent_end : 0;
   if (q_end <= sent_end) return 0;
   return (q_end - sent_end) - HeldRows(doc, server, sent_end, q_end);
 }
@@ -191,9 +224,8 @@ int64_t DistcaPlanner::NewKvRows(int doc, int server, int64_t q_end) const {
 // The end of the prefix [0, x) whose K/V the server already has for free
 // (sent earlier, or held where its piece continues the free prefix).
 int64_t DistcaPlanner::FreeKvEnd(int doc, int server) const {
-  int64_t end = 0;
-  for (const KvState& k : kv_[doc])
-    if (k.server == server) end = k.sent_end;
+  const KvState* k = KvOf(doc, server);
+  int64_t end = k != nullptr ? k->sent_end : 0;
   if (server < plan_.ranks) {
     for (const PlanPiece& p : plan_.documents[doc].pieces)
       if (p.rank == server && p.begin <= end) end = std::max(end, p.end);
@@ -334,12 +366,8 @@ void DistcaPlanner::Apply(const Move& m) {
   server_tasks_[m.server].push_back(static_cast<int>(plan_.tasks.size()) - 1);
   load_[donor] -= m.donor_drop;
   load_[m.server] += m.receiver_add;
-  auto kv = std::find_if(kv_[t.doc].begin(), kv_[t.doc].end(), [&](const KvState& k) { return k.server == m.server; });
-  if (kv == kv_[t.doc].end()) {
-    kv_[t.doc].push_back({m.server, 0});
-    kv = kv_[t.doc].end() - 1;
-  }
-  kv->sent_end = std::max(kv->sent_end, m.z);
+  KvState& kv = AddKv(t.doc, m.server);
+  kv.sent_end = std::max(kv.sent_end, m.z);
   if (cap_ - load_[m.server] > 0) receivers_.push({cap_ - load_[m.server], m.server});
 }
 
@@ -433,12 +461,13 @@ Status DistcaPlanner::Run(double eps, std::vector<double>* loads) {
   load_.assign(servers_, 0.0);
   server_tasks_.assign(servers_, {});
   kv_.assign(plan_.documents.size(), {});
+  kv_at_.assign(plan_.documents.size(), {});
   for (size_t d = 0; d < plan_.documents.size(); ++d) {
     for (const PlanPiece& p : plan_.documents[d].pieces) {
       plan_.tasks.push_back({static_cast<int32_t>(d), p.begin, p.end, p.rank});
       server_tasks_[p.rank].push_back(static_cast<int>(plan_.tasks.size()) - 1);
       load_[p.rank] += Cost(p.begin, p.end);
-      kv_[d].push_back({p.rank, 0});
+      AddKv(static_cast<int>(d), p.rank);
     }
   }
   const double mean = std::accumulate(load_.begin(), load_.end(), 0.0) / servers_;
