@@ -9,6 +9,7 @@
 #include <random>
 
 #include "bench/gemm_rate.h"
+#include "common/cpu_features.h"
 #include "common/file_util.h"
 #include "common/timer.h"
 
@@ -169,8 +170,8 @@ struct Record {
 // shapes the CA engine takes (the table's largest task then holds a few GB).
 bool CheckOptions(const AttentionBenchOptions& o, std::string* error) {
   for (int t : o.threads) {
-    if (t < 1 || t > 1024) {
-      *error = fmt::format("--threads {} is outside [1, 1024]", t);
+    if (t < 1 || t > kMaxThreads) {
+      *error = fmt::format("--threads {} is outside [1, {}]", t, kMaxThreads);
       return false;
     }
   }

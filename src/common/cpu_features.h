@@ -12,4 +12,8 @@ struct CpuFeatures {
 // result, so vector paths can be exercised or excluded on one machine.
 const CpuFeatures& DetectCpuFeatures();
 
+// The most OpenMP threads one rank (or one simulator run) may ask for: more
+// than any CPU offers, fewer than make thread creation fail.
+inline constexpr int kMaxThreads = 1024;
+
 }  // namespace distca

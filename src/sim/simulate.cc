@@ -8,6 +8,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "common/cpu_features.h"
 #include "sim/strategy.h"
 
 namespace distca {
@@ -264,8 +265,8 @@ Status ValidateSimOptions(const SimOptions& o) {
   if (!(o.tolerance >= 0) || !std::isfinite(o.tolerance))
     return Status::InvalidArgument(fmt::format("tolerance must be a finite number >= 0, got {}", o.tolerance));
   if (o.comm_budget < 0) return Status::InvalidArgument("comm budget must be >= 0");
-  if (o.threads < 0 || o.threads > 1024)
-    return Status::InvalidArgument(fmt::format("threads must be in [0, 1024], got {}", o.threads));
+  if (o.threads < 0 || o.threads > kMaxThreads)
+    return Status::InvalidArgument(fmt::format("threads must be in [0, {}], got {}", kMaxThreads, o.threads));
   return Status::Ok();
 }
 

@@ -10,6 +10,7 @@
 #include <memory>
 #include <string_view>
 
+#include "common/cpu_features.h"
 #include "common/memory_info.h"
 #include "common/timer.h"
 #include "distca/pingpong.h"
@@ -129,8 +130,8 @@ double LoadMaxOverMean(const std::vector<Plan>& plans) {
 Status CheckOptions(const Comm& comm, const TrainOptions& o) {
   DISTCA_RETURN_IF_ERROR(ValidateModelConfig(o.model));
   if (o.steps < 1) return Status::InvalidArgument(fmt::format("--steps must be >= 1, got {}", o.steps));
-  if (o.threads < 1 || o.threads > 1024)
-    return Status::InvalidArgument(fmt::format("--threads must be in [1, 1024], got {}", o.threads));
+  if (o.threads < 1 || o.threads > kMaxThreads)
+    return Status::InvalidArgument(fmt::format("--threads must be in [1, {}], got {}", kMaxThreads, o.threads));
   if (o.block < 1) return Status::InvalidArgument(fmt::format("--block must be >= 1, got {}", o.block));
   if (o.servers < 0) return Status::InvalidArgument(fmt::format("--servers must be >= 0, got {}", o.servers));
   if (o.attention == AttentionMode::kCad && o.servers >= comm.size())
