@@ -33,6 +33,13 @@ struct PlanModel {
   int dtype_bytes = 2;  // bytes per Q/K/V/O element: 2 for bf16 (GPU), 4 for fp32 (CPU)
 };
 
+// Causal (query, key) pairs of query rows [q_begin, q_end) with KV [0, q_end):
+// q * q_end - q * (q - 1) / 2 for q = q_end - q_begin.
+inline int64_t CausalPairs(int64_t q_begin, int64_t q_end) {
+  const int64_t q = q_end - q_begin;
+  return q <= 0 ? 0 : q * q_end - q * (q - 1) / 2;
+}
+
 // What a task costs a server. Balancing happens in these units.
 class CostModel {
  public:
@@ -44,7 +51,12 @@ class CostModel {
   static Status FromTableCsv(std::string_view csv_text, CostModel* model);
 
   // Cost of query rows [q_begin, q_end) of a document with KV prefix [0, q_end).
-  double TaskCost(int64_t q_begin, int64_t q_end) const;
+  // Inline: the planners' searches call it millions of times per plan.
+  double TaskCost(int64_t q_begin, int64_t q_end) const {
+    if (q_end <= q_begin) return 0.0;
+    if (!measured()) return flops_per_pair_ * double(CausalPairs(q_begin, q_end));
+    return TableSeconds(double(q_end - q_begin), double(q_end));
+  }
   bool measured() const { return !q_grid_.empty(); }
   const char* unit() const { return measured() ? "s" : "FLOP"; }
 
@@ -64,9 +76,6 @@ inline constexpr int kMaxPlanServers = 1 << 20;
 // limit), so that a batch's bytes stay within 64 bits.
 inline constexpr int64_t kMaxPlanWidth = int64_t{1} << 24;
 
-// Causal (query, key) pairs of query rows [q_begin, q_end) with KV [0, q_end):
-// q * q_end - q * (q - 1) / 2 for q = q_end - q_begin.
-int64_t CausalPairs(int64_t q_begin, int64_t q_end);
 
 enum class PlanPolicy {
   kColocated,  // every rank serves its own tokens: the baseline

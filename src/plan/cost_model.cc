@@ -11,22 +11,10 @@
 
 namespace distca {
 
-int64_t CausalPairs(int64_t q_begin, int64_t q_end) {
-  const int64_t q = q_end - q_begin;
-  if (q <= 0) return 0;
-  return q * q_end - q * (q - 1) / 2;
-}
-
 CostModel CostModel::Flops(const PlanModel& model) {
   CostModel c;
   c.flops_per_pair_ = 4.0 * model.head_dim * model.q_heads;
   return c;
-}
-
-double CostModel::TaskCost(int64_t q_begin, int64_t q_end) const {
-  if (q_end <= q_begin) return 0.0;
-  if (!measured()) return flops_per_pair_ * double(CausalPairs(q_begin, q_end));
-  return TableSeconds(double(q_end - q_begin), double(q_end));
 }
 
 namespace {

@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <numeric>
 #include <queue>
 #include <unordered_map>
@@ -155,7 +156,8 @@ class DistcaPlanner {
   int64_t HeldRows(int doc, int server, int64_t a, int64_t b) const;
   int64_t NewKvRows(int doc, int server, int64_t q_end) const;
   int64_t FreeKvEnd(int doc, int server) const;
-  std::vector<int> TopReceivers(int count);
+  // Fills `top` (cleared first).
+  void TopReceivers(int count, std::vector<int>* top);
   Move BestMove(int task, int receiver, double need) const;
   Move DonorBest(int donor);
   void Apply(const Move& m);
@@ -204,6 +206,9 @@ class DistcaPlanner {
   }
   // Receivers by remaining room (lazy: entries are checked against load_).
   std::priority_queue<std::pair<double, int>> receivers_;
+  // Scratch space reused across calls of the hot loop (no allocation per move).
+  std::vector<std::pair<double, int>> scratch_kept_;
+  std::vector<int> scratch_top_, scratch_holders_, scratch_candidates_;
 };
 
 int64_t DistcaPlanner::HeldRows(int doc, int server, int64_t a, int64_t b) const {
@@ -234,18 +239,18 @@ int64_t DistcaPlanner::FreeKvEnd(int doc, int server) const {
 }
 
 // The `count` receivers with the most room, dropping stale heap entries.
-std::vector<int> DistcaPlanner::TopReceivers(int count) {
-  std::vector<int> top;
-  std::vector<std::pair<double, int>> kept;
-  while (!receivers_.empty() && static_cast<int>(top.size()) < count) {
+void DistcaPlanner::TopReceivers(int count, std::vector<int>* top) {
+  top->clear();
+  std::vector<std::pair<double, int>>& kept = scratch_kept_;
+  kept.clear();
+  while (!receivers_.empty() && static_cast<int>(top->size()) < count) {
     const auto [room, s] = receivers_.top();
     receivers_.pop();
     if (cap_ - load_[s] <= 0 || cap_ - load_[s] != room) continue;  // stale or full
-    top.push_back(s);
+    top->push_back(s);
     kept.push_back({room, s});
   }
   for (const auto& e : kept) receivers_.push(e);
-  return top;
 }
 
 // The cheapest move, in bytes per unit of cost, of a chunk [a, z) of `task`
@@ -279,11 +284,14 @@ Move DistcaPlanner::BestMove(int task, int receiver, double need) const {
   // prefix that moves enough work out of this task.
   const int64_t k_prefix =
       FirstTrue(cuts, 1, last, [&](int64_t z) { return whole - Cost(z, t.q_end) >= std::min(target, whole); });
-  const int64_t candidates[] = {last, k_star, k_star + 1, k_free, k_free + 1, k_prefix, 1};
+  int64_t candidates[] = {last, k_star, k_star + 1, k_free, k_free + 1, k_prefix, 1};
+  for (int64_t& kz : candidates) kz = std::clamp<int64_t>(kz, 1, last);
 
   Move best;
-  for (int64_t kz : candidates) {
-    kz = std::clamp<int64_t>(kz, 1, last);
+  for (size_t i = 0; i < std::size(candidates); ++i) {
+    const int64_t kz = candidates[i];
+    // A repeated end gives the same move, which never replaces the first.
+    if (std::find(candidates, candidates + i, kz) != candidates + i) continue;
     const int64_t z = cuts.at(kz);
     // a: the smallest chunk [a, z) that covers the target, or [b, z) when even
     // that does not; then shrunk until it fits the receiver's room.
@@ -313,7 +321,8 @@ Move DistcaPlanner::BestMove(int task, int receiver, double need) const {
 // already have K/V of the task's document.
 Move DistcaPlanner::DonorBest(int donor) {
   const double need = load_[donor] - cap_;
-  const std::vector<int> top = TopReceivers(2);
+  std::vector<int>& top = scratch_top_;
+  TopReceivers(2, &top);
   std::vector<int>& mine = server_tasks_[donor];
   mine.erase(
       std::remove_if(mine.begin(), mine.end(), [&](int i) { return plan_.tasks[i].q_begin >= plan_.tasks[i].q_end; }),
@@ -328,7 +337,8 @@ Move DistcaPlanner::DonorBest(int donor) {
     // spread over many idle servers (pipeline bubbles) would otherwise make
     // every donor scan all of them on every move.
     constexpr size_t kHolders = 8;
-    std::vector<int> holders;
+    std::vector<int>& holders = scratch_holders_;
+    holders.clear();
     for (const KvState& k : kv_[t.doc])
       if (k.server != donor && cap_ - load_[k.server] > 0 && std::find(top.begin(), top.end(), k.server) == top.end())
         holders.push_back(k.server);
@@ -337,10 +347,19 @@ Move DistcaPlanner::DonorBest(int donor) {
                         [&](int a, int b) { return load_[a] < load_[b] || (load_[a] == load_[b] && a < b); });
       holders.resize(kHolders);
     }
-    std::vector<int> candidates = top;
+    std::vector<int>& candidates = scratch_candidates_;
+    candidates.assign(top.begin(), top.end());
     candidates.insert(candidates.end(), holders.begin(), holders.end());
+    // Dedicated servers with none of the document's K/V and the same load
+    // offer the same move (to a different server), which never replaces the
+    // first one: evaluate one of them.
+    double blank_load = -1;
     for (int r : candidates) {
       if (r == donor) continue;
+      if (r >= plan_.ranks && KvIndex(t.doc, r) < 0) {
+        if (load_[r] == blank_load) continue;
+        blank_load = load_[r];
+      }
       const Move m = BestMove(mine[n], r, need);
       if (!m.valid) continue;
       // Among moves within 2% of the best bytes per unit, take the larger
@@ -411,6 +430,7 @@ void DistcaPlanner::Relocate() {
   auto kv_cost = [&](int doc, int server, int64_t kv_end) {
     return (kv_end - HeldRows(doc, server, 0, kv_end)) * kv_bytes;
   };
+  std::vector<int> candidates;
   for (int pass = 0; pass < 3; ++pass) {
     bool improved = false;
     for (size_t i = 0; i < plan_.tasks.size(); ++i) {
@@ -424,7 +444,7 @@ void DistcaPlanner::Relocate() {
       const int64_t without = max_of(find_ends(t.doc, t.server), t.q_end);
       const int64_t stay = (rows - HeldRows(t.doc, t.server, t.q_begin, t.q_end)) * q_bytes +
                            kv_cost(t.doc, t.server, std::max(without, t.q_end)) - kv_cost(t.doc, t.server, without);
-      std::vector<int> candidates = TopReceivers(3);
+      TopReceivers(3, &candidates);
       for (const auto& [s, v] : ends[t.doc]) candidates.push_back(s);
       for (const PlanPiece& p : plan_.documents[t.doc].pieces)
         if (p.begin < t.q_end && t.q_begin < p.end) candidates.push_back(p.rank);
