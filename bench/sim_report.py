@@ -175,8 +175,8 @@ def main():
                     if n.endswith(" 64") or n.endswith(" 128"):
                         print(f"    - {n}: {100 * slow[n]:.1f}%")
 
-    print("\n## Idle of variable-length chunking (8B, 512K, 8 nodes, B = 8; paper ~2 / 19.2 / 55.4%, DistCA 2.1%)\n")
-    for cp, dp in (("4", 2), ("2", 4), ("1", 8)):
+    print("\n## Idle of variable-length chunking (8B, 512K, 8 nodes, B = 8; paper 1.7 (DP 1) / ~2 / 19.2 / 55.4%, DistCA 2.1%)\n")
+    for cp, dp in (("8", 1), ("4", 2), ("2", 4), ("1", 8)):
         res = {r["strategy"]: r for r in sim.json(
             "--model", "llama3-8b", "--gpus", "64", "--max-doc-len", str(512 * K), "--batch-size", "8",
             "--micro-batches", "1", "--recompute-mlp", "--elongate", "8", "--cp", cp,
