@@ -444,22 +444,25 @@ void DistcaPlanner::Relocate() {
       const int64_t without = max_of(find_ends(t.doc, t.server), t.q_end);
       const int64_t stay = (rows - HeldRows(t.doc, t.server, t.q_begin, t.q_end)) * q_bytes +
                            kv_cost(t.doc, t.server, std::max(without, t.q_end)) - kv_cost(t.doc, t.server, without);
-      TopReceivers(3, &candidates);
-      for (const auto& [s, v] : ends[t.doc]) candidates.push_back(s);
-      for (const PlanPiece& p : plan_.documents[t.doc].pieces)
-        if (p.begin < t.q_end && t.q_begin < p.end) candidates.push_back(p.rank);
+      // Candidates, in this order: the 3 receivers with the most room, the
+      // servers with tasks of the document, the ranks holding its rows.
       int best = -1;
       int64_t best_cost = stay;
-      for (int r : candidates) {
-        if (r == t.server || load_[r] + w > cap_) continue;
-        const int64_t there_max = max_of(find_ends(t.doc, r), -1);
+      auto consider = [&](int r, const std::vector<int64_t>& r_ends) {
+        if (r == t.server || load_[r] + w > cap_) return;
+        const int64_t there_max = max_of(r_ends, -1);
         const int64_t go = (rows - HeldRows(t.doc, r, t.q_begin, t.q_end)) * q_bytes +
                            kv_cost(t.doc, r, std::max(there_max, t.q_end)) - kv_cost(t.doc, r, there_max);
         if (go < best_cost) {
           best_cost = go;
           best = r;
         }
-      }
+      };
+      TopReceivers(3, &candidates);
+      for (int r : candidates) consider(r, find_ends(t.doc, r));
+      for (const auto& [r, r_ends] : ends[t.doc]) consider(r, r_ends);
+      for (const PlanPiece& p : plan_.documents[t.doc].pieces)
+        if (p.begin < t.q_end && t.q_begin < p.end) consider(p.rank, find_ends(t.doc, p.rank));
       if (best < 0) continue;
       // Move it.
       ends_of(t.doc, best).push_back(t.q_end);
