@@ -16,6 +16,7 @@
 //             dedicated_servers-1 are dedicated servers, which hold no tokens.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -126,9 +127,18 @@ struct PlanTask {
 //   backward  owner -> server: Q, dO, LSE and delta (fp32) rows; K/V as forward
 //             server -> owner: dQ rows; partial dK/dV rows in fp32
 // Nothing moves for rows the server holds itself.
+//
+// A layer runs four all-to-alls, in this order: the forward dispatch (Q, K/V
+// to the servers) and return (O, LSE), the backward dispatch (Q, dO, LSE,
+// delta, K/V) and return (dQ, dK/dV).
+enum class PlanExchange { kForwardDispatch, kForwardReturn, kBackwardDispatch, kBackwardReturn };
+inline constexpr int kPlanExchanges = 4;
+
 struct PlanTraffic {
   std::vector<int64_t> sent;      // per server (index = server id), forward + backward
   std::vector<int64_t> received;  // per server
+  // The same bytes by exchange (index: PlanExchange), per server.
+  std::array<std::vector<int64_t>, kPlanExchanges> exchange_sent, exchange_received;
   int64_t forward_bytes = 0;
   int64_t backward_bytes = 0;
   int64_t total_bytes() const { return forward_bytes + backward_bytes; }

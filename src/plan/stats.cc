@@ -62,6 +62,10 @@ Status ComputePlanStats(const Plan& plan, const CostModel& cost, PlanStats* stat
   s.load.assign(servers, 0.0);
   s.traffic.sent.assign(servers, 0);
   s.traffic.received.assign(servers, 0);
+  for (int e = 0; e < kPlanExchanges; ++e) {
+    s.traffic.exchange_sent[e].assign(servers, 0);
+    s.traffic.exchange_received[e].assign(servers, 0);
+  }
   s.tasks = static_cast<int64_t>(plan.tasks.size());
   const plan::ByteRates rates = plan::ByteRatesFor(plan.model);
 
@@ -74,6 +78,15 @@ Status ComputePlanStats(const Plan& plan, const CostModel& cost, PlanStats* stat
     return a.doc != b.doc ? a.doc < b.doc : (a.server != b.server ? a.server < b.server : a.q_begin < b.q_begin);
   });
   PlanTraffic& t = s.traffic;
+  // `bytes` from `from` to `to` in exchange e.
+  auto move = [&t](PlanExchange e, int from, int to, int64_t bytes) {
+    const int i = static_cast<int>(e);
+    t.exchange_sent[i][from] += bytes;
+    t.exchange_received[i][to] += bytes;
+    t.sent[from] += bytes;
+    t.received[to] += bytes;
+    (i < 2 ? t.forward_bytes : t.backward_bytes) += bytes;
+  };
   for (size_t i = 0; i < order.size();) {
     const PlanTask& first = plan.tasks[order[i]];
     if (first.doc < 0 || first.doc >= static_cast<int32_t>(plan.documents.size()))
@@ -90,23 +103,16 @@ Status ComputePlanStats(const Plan& plan, const CostModel& cost, PlanStats* stat
       s.load[server] += cost.TaskCost(task.q_begin, task.q_end);
       kv_end = std::max(kv_end, task.q_end);
       ForeignRows(doc, server, task.q_begin, task.q_end, [&](int owner, int64_t rows) {
-        const int64_t there = rows * (rates.q_row + 2 * rates.q_row + 2 * rates.stat_row);  // Q; Q dO LSE delta
-        const int64_t back = rows * (rates.q_row + rates.stat_row + rates.q_row);           // O LSE; dQ
-        t.forward_bytes += rows * (2 * rates.q_row + rates.stat_row);
-        t.backward_bytes += rows * (3 * rates.q_row + 2 * rates.stat_row);
-        t.sent[owner] += there;
-        t.received[server] += there;
-        t.sent[server] += back;
-        t.received[owner] += back;
+        move(PlanExchange::kForwardDispatch, owner, server, rows * rates.q_row);                           // Q
+        move(PlanExchange::kForwardReturn, server, owner, rows * (rates.q_row + rates.stat_row));           // O, LSE
+        move(PlanExchange::kBackwardDispatch, owner, server, rows * 2 * (rates.q_row + rates.stat_row));  // Q, dO, LSE, delta
+        move(PlanExchange::kBackwardReturn, server, owner, rows * rates.q_row);                            // dQ
       });
     }
     ForeignRows(doc, server, 0, kv_end, [&](int owner, int64_t rows) {
-      t.forward_bytes += rows * rates.kv_row;
-      t.backward_bytes += rows * (rates.kv_row + rates.dkv32_row);
-      t.sent[owner] += rows * 2 * rates.kv_row;
-      t.received[server] += rows * 2 * rates.kv_row;
-      t.sent[server] += rows * rates.dkv32_row;
-      t.received[owner] += rows * rates.dkv32_row;
+      move(PlanExchange::kForwardDispatch, owner, server, rows * rates.kv_row);
+      move(PlanExchange::kBackwardDispatch, owner, server, rows * rates.kv_row);
+      move(PlanExchange::kBackwardReturn, server, owner, rows * rates.dkv32_row);
     });
   }
   s.load_mean = std::accumulate(s.load.begin(), s.load.end(), 0.0) / servers;

@@ -25,8 +25,9 @@ CpStageCost CostCpMicroBatch(const SimContext& ctx, const std::vector<int64_t>& 
   cost.backward_comm = (keeps_gathered_kv ? 1.0 : 2.0) * cost.all_gather;
   const int layers = ctx.stage_layers;
   cost.forward = layers * (cost.linear_f + cost.attention_f + cost.all_gather);
-  cost.backward = layers * (k.BackwardLinearFactor() * cost.linear_f + k.AttentionBackwardFactor() * cost.attention_f +
-                            cost.backward_comm);
+  cost.linear_b = k.LinearBackward(tokens / c);
+  cost.backward =
+      layers * (cost.linear_b + k.AttentionBackwardFactor() * cost.attention_f + cost.backward_comm);
   cost.head_f = k.HeadForward(tokens / c);
   return cost;
 }
@@ -57,7 +58,7 @@ Status RunContextParallel(const SimContext& ctx, const std::vector<CpStageCost>&
   for (int r = 0; r < d; ++r) {
     std::vector<MicroBatchTimes> times;
     std::vector<double> held;  // per-rank tokens of this replica's micro-batches
-    double buffer = 0;         // per rank: one layer's gathered K/V and their dK/dV partials
+    double buffer = 0;         // per rank: one layer's CP buffers (below)
     for (int i : replicas[r]) {
       const CpStageCost& cc = costs[i];
       MicroBatchTimes t;
@@ -68,10 +69,12 @@ Status RunContextParallel(const SimContext& ctx, const std::vector<CpStageCost>&
       t.p2p = k.PointToPoint(cc.tokens / c * k.HiddenBytesPerToken(), ctx.pipeline_inter_node);
       times.push_back(std::move(t));
       held.push_back(cc.tokens / c);
-      buffer = std::max(buffer, c > 1 ? 2.0 * cc.tokens * k.KvBytesPerToken() : 0.0);
+      // The layer's gathered K/V (unless kept: counted below with the other
+      // layers') and their dK/dV partials.
+      buffer = std::max(buffer, c > 1 ? (cc.keeps_gathered_kv ? 1.0 : 2.0) * cc.tokens * k.KvBytesPerToken() : 0.0);
 
       o.breakdown.forward_linear_s += cc.linear_f / d;
-      o.breakdown.backward_linear_s += k.BackwardLinearFactor() * cc.linear_f / d;
+      o.breakdown.backward_linear_s += cc.linear_b / d;
       o.breakdown.forward_attention_s += cc.attention_f / d;
       o.breakdown.backward_attention_s += k.AttentionBackwardFactor() * cc.attention_f / d;
       o.breakdown.forward_comm_s += cc.all_gather / d;

@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <numeric>
 
 #include "sim/strategy.h"
@@ -25,7 +26,8 @@ struct NanoCost {
   std::vector<double> tokens;          // tokens held (linear layout)
   std::vector<double> attention;       // forward CA seconds of its tasks
   std::vector<double> sent, received;  // bytes, forward + backward
-  double forward_share = 0;            // forward bytes / all bytes
+  // Bytes by all-to-all (index: PlanExchange), sent and received.
+  std::array<std::vector<double>, kPlanExchanges> exchange_sent, exchange_received;
 };
 
 int64_t Sum(const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), int64_t{0}); }
@@ -153,11 +155,18 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
       for (const PlanTask& t : MergeTouchingTasks(plan.tasks))
         c.attention[phys[t.server]] += k.AttentionForward(t.q_begin, t.q_end);
       const PlanTraffic& tr = plan.stats.traffic;
+      for (int e = 0; e < kPlanExchanges; ++e) {
+        c.exchange_sent[e].assign(total_ranks, 0.0);
+        c.exchange_received[e].assign(total_ranks, 0.0);
+      }
       for (size_t sv = 0; sv < phys.size(); ++sv) {
         c.sent[phys[sv]] = double(tr.sent[sv]);
         c.received[phys[sv]] = double(tr.received[sv]);
+        for (int e = 0; e < kPlanExchanges; ++e) {
+          c.exchange_sent[e][phys[sv]] = double(tr.exchange_sent[e][sv]);
+          c.exchange_received[e][phys[sv]] = double(tr.exchange_received[e][sv]);
+        }
       }
-      c.forward_share = tr.total_bytes() > 0 ? double(tr.forward_bytes) / double(tr.total_bytes()) : 0.0;
       costs.push_back(std::move(c));
       o.tolerance_sum += plan.tolerance_used;
       ++o.plans;
@@ -175,7 +184,6 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
     for (int pass = 0; pass < 2; ++pass) {
       const double head_factor = pass == 0 ? 1.0 : kBackwardLinearFactor;
       const double ca_factor = pass == 0 ? 1.0 : k.AttentionBackwardFactor();
-      const double dispatch_share = k.DispatchShare(pass == 1);
       const size_t nn = costs.size();
       // distca-paper: idle stages' ranks run a dummy micro-batch's linear
       // layers, split over the nano-batches.
@@ -187,7 +195,9 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
       double linear_sum = 0, attention_sum = 0;
       for (size_t n = 0; n < nn; ++n) {
         const NanoCost& c = costs[n];
-        const double share = pass == 0 ? c.forward_share : 1.0 - c.forward_share;
+        // This pass's dispatch and return, as the plan counts them.
+        const int out_ex = static_cast<int>(pass == 0 ? PlanExchange::kForwardDispatch : PlanExchange::kBackwardDispatch);
+        const int back_ex = out_ex + 1;
         for (int r = 0; r < total_ranks; ++r) {
           const RankCosts::LinearSplit own = k.LinearPass(c.tokens[r], pass == 1);
           before[n][r] = own.before;
@@ -202,10 +212,14 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
           ca[n][r] = ca_factor * c.attention[r];
           attention_sum += ca[n][r];
           compute[r] += lin + ca[n][r];
-          const double sent = share * c.sent[r], received = share * c.received[r];
-          if (sent > 0 || received > 0) {
-            dispatch[n][r] = k.AllToAll(dispatch_share * sent, dispatch_share * received, inter);
-            back[n][r] = k.AllToAll((1 - dispatch_share) * sent, (1 - dispatch_share) * received, inter);
+          const double out_s = c.exchange_sent[out_ex][r], out_r = c.exchange_received[out_ex][r];
+          const double back_s = c.exchange_sent[back_ex][r], back_r = c.exchange_received[back_ex][r];
+          // A rank with no bytes in this pass takes no part in its exchanges;
+          // one with some pays each exchange's latency (the runtime calls
+          // every all-to-all, empty or not).
+          if (out_s > 0 || out_r > 0 || back_s > 0 || back_r > 0) {
+            dispatch[n][r] = k.AllToAll(out_s, out_r, inter);
+            back[n][r] = k.AllToAll(back_s, back_r, inter);
           }
         }
       }

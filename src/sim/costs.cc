@@ -26,6 +26,7 @@ RankCosts::RankCosts(const ModelConfig& m, const HardwareProfile& hw, int tp, bo
   const double mlp_flops_per_token = 6 * h * m.ffn_hidden;
   backward_linear_factor_ =
       kBackwardLinearFactor + (recompute_mlp ? mlp_flops_per_token / linear_flops_per_token_ : 0.0);
+  backward_collectives_factor_ = kBackwardLinearFactor + (recompute_mlp ? 0.5 : 0.0);
   activation_bytes_per_token_ = (12 * h + 4 * h_kv + (recompute_mlp ? 0.0 : 6.0 * m.ffn_hidden)) * hw.dtype_bytes / 2.0;
   logits_bytes_per_token_ = double(m.vocab_size) * (hw.dtype_bytes + 4.0);
   pre_attention_share_ = (h + 2 * h_kv) / (2 * h + 2 * h_kv + 3.0 * m.ffn_hidden);
@@ -34,7 +35,6 @@ RankCosts::RankCosts(const ModelConfig& m, const HardwareProfile& hw, int tp, bo
   const double stat = 4.0 * m.q_heads;                                     // LSE or delta, fp32
   const double fwd_out = q_row + kv_row, fwd_back = q_row + stat;
   const double bwd_out = 2 * q_row + 2 * stat + kv_row, bwd_back = q_row + 2 * h_kv * 4.0;
-  dispatch_share_fwd_ = fwd_out / (fwd_out + fwd_back);
   // The rank's heads: tensor parallelism splits them (K/V heads are
   // replicated when there are fewer than tp). Of the tables with the
   // model's head dimension, the rank's exact shape is best, then the
@@ -54,7 +54,6 @@ RankCosts::RankCosts(const ModelConfig& m, const HardwareProfile& hw, int tp, bo
     table_ = std::move(table);
     table_scale_ = pick->scale * double(rank_q) / pick->q_heads;
   }
-  dispatch_share_bwd_ = bwd_out / (bwd_out + bwd_back);
   // A rank's sent (or received) bytes are one side of the four exchanges:
   // the dispatches on one side, the returns on the other.
   largest_exchange_share_ =
@@ -97,9 +96,14 @@ double RankCosts::PointToPoint(double bytes, bool inter_node) const {
 }
 
 double DeviceMemoryBytes(const RankCosts& costs, const MemoryInput& in) {
-  // bf16 weights (2 B) + fp32 gradients (4 B), replicated; fp32 master
-  // weights + Adam m and v (12 B), sharded over the data-parallel ranks.
-  const double states = in.stage_params * (2.0 + 4.0) + in.stage_params * 12.0 / std::max(1, in.optimizer_shards);
+  // Weights in the training precision (bf16: 2 B) and gradients in fp32
+  // (4 B), replicated; Adam m and v in fp32 (8 B) and, when the weights are
+  // narrower than fp32, an fp32 master copy (4 B), sharded over the
+  // data-parallel ranks. bf16: 6 + 12 / shards B per parameter; fp32 (the
+  // cpu profile, as distca-train): 8 + 8 / shards.
+  const double dt = costs.DtypeBytes(), full = std::max(4.0, dt);
+  const double optimizer = 2.0 * full + (dt < full ? full : 0.0);
+  const double states = in.stage_params * (dt + full) + in.stage_params * optimizer / std::max(1, in.optimizer_shards);
   const double activations =
       in.activation_tokens * costs.ActivationBytesPerToken() + in.logits_tokens * costs.LogitsBytesPerToken();
   return (states + activations + in.buffer_bytes) / costs.tp();

@@ -35,10 +35,20 @@ class RankCosts {
   double TpCollectives(double tokens) const {
     return tokens > 0 ? tokens * tp_comm_per_token_ + tp_comm_latency_ : 0.0;
   }
-  // Backward / forward time of a layer's context-independent part: 2, plus
+  // Backward / forward FLOPs of a layer's context-independent part: 2, plus
   // the MLP's share of the forward FLOPs (6 h ffn of them) when the MLP is
   // recomputed in the backward pass.
   double BackwardLinearFactor() const { return backward_linear_factor_; }
+  // Backward / forward time of the tensor-parallel collectives: 2, plus,
+  // when the MLP is recomputed, its forward's all-gather and reduce-scatter
+  // (2 of the layer's 4, so 0.5) run again.
+  double BackwardCollectivesFactor() const { return backward_collectives_factor_; }
+  // One layer's context-independent part over `tokens`, backward: the FLOPs
+  // times BackwardLinearFactor, the collectives times
+  // BackwardCollectivesFactor.
+  double LinearBackward(double tokens) const {
+    return backward_linear_factor_ * LinearFlopsSeconds(tokens) + backward_collectives_factor_ * TpCollectives(tokens);
+  }
   // Share of a pass's linear time that runs before core attention: forward,
   // the QKV projection (PreAttentionShare); backward, the O projection and
   // MLP backward (and the MLP's recomputation).
@@ -46,20 +56,25 @@ class RankCosts {
     return backward ? 1.0 - kBackwardLinearFactor * pre_attention_share_ / backward_linear_factor_
                     : pre_attention_share_;
   }
-  // One layer's linear part over `tokens` in a pass (forward, or backward:
-  // BackwardLinearFactor times the forward), split around core attention:
-  // the FLOPs by BeforeAttentionShare, the tensor-parallel collectives by
-  // their order (forward: the all-gather before the QKV projection, 1 of 4;
-  // backward: those of the MLP and the O projection, 3 of 4).
+  // One layer's linear part over `tokens` in a pass (LinearForward, or
+  // LinearBackward), split around core attention: the FLOPs by
+  // BeforeAttentionShare, the tensor-parallel collectives by their order
+  // (forward: the all-gather before the QKV projection, 1 of 4; backward:
+  // those of the MLP and the O projection, 3 of 4, twice, and the
+  // recomputed MLP's, which all run before attention's backward).
   struct LinearSplit {
     double before = 0, after = 0;
   };
   LinearSplit LinearPass(double tokens, bool backward) const {
-    const double factor = backward ? backward_linear_factor_ : 1.0;
     const double comm = TpCollectives(tokens), flops = LinearFlopsSeconds(tokens);
     LinearSplit s;
-    s.before = factor * (BeforeAttentionShare(backward) * flops + (backward ? 0.75 : 0.25) * comm);
-    s.after = factor * (flops + comm) - s.before;
+    if (!backward) {
+      s.before = BeforeAttentionShare(false) * flops + 0.25 * comm;
+      s.after = flops + comm - s.before;
+    } else {
+      s.after = kBackwardLinearFactor * (pre_attention_share_ * flops + 0.25 * comm);
+      s.before = LinearBackward(tokens) - s.after;
+    }
     return s;
   }
   // LM head (2 h V FLOPs per token), forward; runs on the last stage only.
@@ -114,12 +129,6 @@ class RankCosts {
   // (2h + 2 h_kv + 3 ffn). The rest (O projection, MLP) runs after it; the
   // backward pass runs them in the opposite order.
   double PreAttentionShare() const { return pre_attention_share_; }
-  // Share of CAD's per-pass bytes that owners send to servers before the
-  // attention runs (the rest returns after it), per moved query row with one
-  // K/V row (docs/planner.md, "Bytes"): forward Q + K/V against O + LSE
-  // (fp32); backward Q + dO + LSE + delta (fp32) + K/V against dQ + partial
-  // dK/dV (fp32).
-  double DispatchShare(bool backward) const { return backward ? dispatch_share_bwd_ : dispatch_share_fwd_; }
   // The largest share one of CAD's four all-to-alls (forward dispatch and
   // return, backward dispatch and return) carries of the bytes a rank sends
   // (or receives) in a layer, forward + backward, per moved query row with
@@ -130,6 +139,8 @@ class RankCosts {
   // Backward / forward time of core attention (the profile's).
   double AttentionBackwardFactor() const { return hw_.attention_backward_factor; }
   int tp() const { return tp_; }
+  // Bytes of one element in the training precision (the profile's dtype_bytes).
+  double DtypeBytes() const { return hw_.dtype_bytes; }
 
  private:
   // The FLOPs' part of LinearForward.
@@ -145,9 +156,10 @@ class RankCosts {
   std::optional<CostModel> table_;
   double table_scale_ = 1.0;             // the table's scale times the rank's query heads over the table's
   double linear_rate_, attention_peak_;  // FLOP/s of the rank
-  double linear_flops_per_token_, head_flops_per_token_, attention_flops_per_pair_, backward_linear_factor_;
+  double linear_flops_per_token_, head_flops_per_token_, attention_flops_per_pair_;
+  double backward_linear_factor_, backward_collectives_factor_;
   double kv_bytes_per_token_, hidden_bytes_per_token_, activation_bytes_per_token_, logits_bytes_per_token_;
-  double pre_attention_share_, dispatch_share_fwd_, dispatch_share_bwd_, largest_exchange_share_;
+  double pre_attention_share_, largest_exchange_share_;
   double tp_comm_per_token_ = 0, tp_comm_latency_ = 0;  // per layer, forward (HardwareProfile::tp_collectives)
 };
 

@@ -123,8 +123,13 @@ int SimContext::MicroBatchesPerReplica(int c) const {
 
 double SimContext::GradSyncSeconds() const {
   if (!options.grad_sync) return 0.0;
-  const double gathered = options.distributed_optimizer ? options.hardware.dtype_bytes : 4.0;
-  return costs.Ring(stage_ranks, stage_params * 4.0, stage_inter_node) +
+  // Gradients in fp32 (or the training precision, if wider); the
+  // distributed optimizer then gathers the updated weights in the training
+  // precision, and without it the reduce-scatter and all-gather form an
+  // all-reduce of the gradients.
+  const double grad = std::max(4.0, double(options.hardware.dtype_bytes));
+  const double gathered = options.distributed_optimizer ? options.hardware.dtype_bytes : grad;
+  return costs.Ring(stage_ranks, stage_params * grad, stage_inter_node) +
          costs.Ring(stage_ranks, stage_params * gathered, stage_inter_node);
 }
 

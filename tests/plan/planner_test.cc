@@ -1,6 +1,7 @@
 // The planner's parts: layout, cost model, traffic, validation, JSON, budget.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <map>
 #include <numeric>
@@ -114,6 +115,28 @@ TEST(StatsTest, HandCountedTraffic) {
   EXPECT_EQ(s.traffic.received[1], s.traffic.sent[0]);
   EXPECT_EQ(s.traffic.total_bytes(), s.traffic.sent[0] + s.traffic.sent[1]);
   EXPECT_EQ(s.traffic.max_rank_bytes(), std::max(s.traffic.sent[0], s.traffic.received[0]));
+  // By exchange, rank 0: as owner it ships 4 query rows and 4 K/V rows to
+  // server 1; as a server it takes 2 and 2 from rank 1.
+  const auto at = [&](PlanExchange e) { return static_cast<size_t>(e); };
+  const std::array<int64_t, kPlanExchanges> sent0 = {
+      4 * 16 + 4 * 16,            // forward dispatch: Q, K/V
+      2 * (16 + 8),               // forward return: O, LSE
+      4 * 2 * (16 + 8) + 4 * 16,  // backward dispatch: Q, dO, LSE, delta; K/V
+      2 * 16 + 2 * 32};           // backward return: dQ; dK/dV in fp32
+  const std::array<int64_t, kPlanExchanges> received0 = {2 * 16 + 2 * 16, 4 * (16 + 8), 2 * 2 * (16 + 8) + 2 * 16,
+                                                         4 * 16 + 4 * 32};
+  int64_t sum = 0;
+  for (PlanExchange e : {PlanExchange::kForwardDispatch, PlanExchange::kForwardReturn, PlanExchange::kBackwardDispatch,
+                         PlanExchange::kBackwardReturn}) {
+    SCOPED_TRACE(at(e));
+    EXPECT_EQ(s.traffic.exchange_sent[at(e)][0], sent0[at(e)]);
+    EXPECT_EQ(s.traffic.exchange_received[at(e)][0], received0[at(e)]);
+    // Two ranks: what one sends the other receives.
+    EXPECT_EQ(s.traffic.exchange_sent[at(e)][1], received0[at(e)]);
+    EXPECT_EQ(s.traffic.exchange_received[at(e)][1], sent0[at(e)]);
+    sum += sent0[at(e)];
+  }
+  EXPECT_EQ(sum, s.traffic.sent[0]);
   EXPECT_DOUBLE_EQ(s.load[1], 32.0 * CausalPairs(0, 6));  // 4 * D * Hq = 32 FLOPs per pair
   EXPECT_DOUBLE_EQ(s.load[0], 32.0 * CausalPairs(0, 2));
   EXPECT_EQ(s.tasks, 3);
@@ -155,6 +178,11 @@ TEST(ValidateTest, AcceptsTheHandPlanAndCatchesEveryBreak) {
   p = HandPlan();
   ASSERT_TRUE(ComputePlanStats(p, cost, &p.stats).ok());
   p.stats.traffic.forward_bytes -= 1;
+  EXPECT_TRUE(Contains(ValidatePlan(p, cost), "traffic"));
+  // Bytes moved from one exchange to another, totals unchanged.
+  ASSERT_TRUE(ComputePlanStats(p, cost, &p.stats).ok());
+  p.stats.traffic.exchange_sent[0][0] -= 1;
+  p.stats.traffic.exchange_sent[1][0] += 1;
   EXPECT_TRUE(Contains(ValidatePlan(p, cost), "traffic"));
 }
 

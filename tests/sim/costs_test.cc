@@ -298,13 +298,11 @@ TEST(RankCostsTest, PhaseShares) {
   // (h + 2 h_kv) / (2h + 2 h_kv + 3 ffn) = (64 + 64) / (128 + 64 + 384).
   EXPECT_DOUBLE_EQ(k.PreAttentionShare(), 2.0 / 9);
   // Rows: Q/O/dO/dQ 4 * 16 * 2 = 128 B, K+V 2 * 2 * 16 * 2 = 128 B, LSE or
-  // delta 4 * 4 = 16 B, fp32 dK+dV 2 * 32 * 4 = 256 B.
-  // Forward: (128 + 128) / (128 + 128 + 128 + 16) = 0.64.
-  EXPECT_DOUBLE_EQ(k.DispatchShare(false), 256.0 / 400);
-  // Backward: (2 * 128 + 2 * 16 + 128) / (416 + 128 + 256) = 0.52.
-  EXPECT_DOUBLE_EQ(k.DispatchShare(true), 416.0 / 800);
-  // One side of a rank's exchanges: dispatches 256 + 416 (the backward one
-  // 0.62 of them), returns 144 + 384 (the backward one 0.73): the larger.
+  // delta 4 * 4 = 16 B, fp32 dK+dV 2 * 32 * 4 = 256 B. Per moved query row
+  // with one K/V row, one side of a rank's exchanges: dispatches 128 + 128
+  // forward and 2 * 128 + 2 * 16 + 128 = 416 backward (the backward one 0.62
+  // of them), returns 128 + 16 and 128 + 256 = 384 (the backward one 0.73):
+  // the larger.
   EXPECT_DOUBLE_EQ(k.LargestExchangeShare(), 384.0 / 528);
   // Without recomputation the backward runs O projection + MLP (7/9 of the
   // FLOPs) before attention.
@@ -323,6 +321,37 @@ TEST(RankCostsTest, MlpRecomputation) {
   // forward time, remains.
   EXPECT_NEAR(k.BeforeAttentionShare(true), 1.0 - (4.0 / 9) / (8.0 / 3), 1e-15);
   EXPECT_DOUBLE_EQ(k.LinearForward(1000), RankCosts(TestModel(), TestProfile(), 2).LinearForward(1000));
+}
+
+TEST(RankCostsTest, BackwardLinearWithCollectivesAndRecomputation) {
+  // tp 2 on one node (100 GB/s, 1 us): the 4 collectives of 1000 tokens
+  // move 4 x (1/2) x 64 x 2 = 256 B per token: 4 x 1 us + 256000 B / 100
+  // GB/s = 6.56e-6 s; the FLOPs 73728 x 1000 / (2 x 1e12 x 0.5) = 7.3728e-5 s.
+  HardwareProfile hw = TestProfile();
+  hw.tp_collectives = true;
+  hw.gpus_per_node = 2;
+  const double flops = 7.3728e-5, comm = 4e-6 + 256000.0 / 100e9;
+  const RankCosts plain(TestModel(), hw, 2);
+  EXPECT_NEAR(plain.TpCollectives(1000), comm, comm * kRel);
+  // Backward, no recomputation: 2 x both. After attention: the QKV
+  // projection's backward (2 x 2/9 of the FLOPs) and its all-gather's (2 x
+  // 1/4 of the collectives).
+  EXPECT_NEAR(plain.LinearBackward(1000), 2 * (flops + comm), flops * kRel);
+  RankCosts::LinearSplit s = plain.LinearPass(1000, /*backward=*/true);
+  EXPECT_NEAR(s.after, 2 * (2.0 / 9 * flops + 0.25 * comm), flops * kRel);
+  EXPECT_NEAR(s.before + s.after, plain.LinearBackward(1000), flops * kRel);
+  s = plain.LinearPass(1000, /*backward=*/false);
+  EXPECT_NEAR(s.before, 2.0 / 9 * flops + 0.25 * comm, flops * kRel);
+  EXPECT_NEAR(s.before + s.after, plain.LinearForward(1000), flops * kRel);
+  // The MLP recomputed: its FLOPs (2/3 of them) and its forward's all-gather
+  // and reduce-scatter (half the collectives) once more, all before
+  // attention's backward.
+  const RankCosts re(TestModel(), hw, 2, /*recompute_mlp=*/true);
+  EXPECT_DOUBLE_EQ(re.BackwardCollectivesFactor(), 2.5);
+  EXPECT_NEAR(re.LinearBackward(1000), (2 + 2.0 / 3) * flops + 2.5 * comm, flops * kRel);
+  s = re.LinearPass(1000, /*backward=*/true);
+  EXPECT_NEAR(s.after, 2 * (2.0 / 9 * flops + 0.25 * comm), flops * kRel);
+  EXPECT_NEAR(s.before, (2 + 2.0 / 3 - 4.0 / 9) * flops + 2 * comm, flops * kRel);
 }
 
 TEST(RankCostsTest, AllToAllRingAndPointToPoint) {
@@ -350,6 +379,14 @@ TEST(RankCostsTest, MemoryPerDevice) {
   EXPECT_DOUBLE_EQ(k.LogitsBytesPerToken(), 1536.0);
   in.logits_tokens = 3;
   EXPECT_DOUBLE_EQ(sim::DeviceMemoryBytes(k, in), (6000.0 + 3000 + 16640 + 3 * 1536 + 100) / 2);
+  // fp32 training (the cpu profile, as distca-train): weights and gradients
+  // 4 B each, replicated; Adam m and v 8 B, sharded; no master copy.
+  // Activations and logits scale with the element size (3328 and
+  // 256 x (4 + 4) = 2048 B per token).
+  HardwareProfile fp32 = TestProfile();
+  fp32.dtype_bytes = 4;
+  const RankCosts k32(TestModel(), fp32, 2);
+  EXPECT_DOUBLE_EQ(sim::DeviceMemoryBytes(k32, in), (8000.0 + 2000 + 10 * 3328 + 3 * 2048 + 100) / 2);
 }
 
 }  // namespace

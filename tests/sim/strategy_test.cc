@@ -139,10 +139,17 @@ TEST(WlbIdealTest, KeepsEveryLayersGatheredKv) {
   o.cp = 2;
   const SimResult wlb = SimulateOne(o, {{1024, 1024}}, SimStrategy::kWlbIdeal);
   const SimResult meg = SimulateOne(o, {{1024, 1024}}, SimStrategy::kMegatron);
-  // Same micro-batches (one 1024 document each, 512 tokens per rank); per-
-  // document CP also keeps the other rank's 512 tokens of K/V (128 B each)
-  // for both layers, per device of tp 2. Megatron's ring keeps none.
-  EXPECT_DOUBLE_EQ(wlb.memory_max_bytes - meg.memory_max_bytes, 1 * 512.0 * 128 * 2 / 2);
+  // Same micro-batches (one 1024 document each, 512 tokens per rank, K/V
+  // 128 B a token). Per-document CP keeps the other rank's 512 tokens of
+  // K/V for both layers (131072 B) and adds only the dK/dV partials of one
+  // layer (1024 rows, 131072 B); megatron's ring keeps none but holds one
+  // layer's gathered K/V and their partials (262144 B).
+  const double params = double(ParameterCount(o.model));
+  // Per rank: states (bf16, sharded over the 2 ranks), 2 layers x 1664 B of
+  // activations and 1536 B of logits for 512 tokens; per device of tp 2.
+  const double common = params * 6 + params * 12 / 2 + 512.0 * 2 * 1664 + 512.0 * 1536;
+  EXPECT_NEAR(wlb.memory_max_bytes, (common + 131072 + 131072) / 2, common * kRel);
+  EXPECT_NEAR(meg.memory_max_bytes, (common + 262144) / 2, common * kRel);
 }
 
 TEST(WlbBalanceTest, LightestBinThenEmptiestThenSetAside) {
@@ -310,7 +317,8 @@ double PlannedIteration(const SimOptions& o, const std::vector<int64_t>& docs, P
   *bytes = 0;
   for (int pass = 0; pass < 2; ++pass) {
     const double lin_factor = pass == 0 ? 1.0 : 2.0, ca_factor = pass == 0 ? 1.0 : 2.5;
-    const double before_share = pass == 0 ? 2.0 / 9 : 7.0 / 9, out_share = pass == 0 ? 0.64 : 0.52;
+    const double before_share = pass == 0 ? 2.0 / 9 : 7.0 / 9;
+    const size_t out_ex = pass == 0 ? 0 : 2, back_ex = out_ex + 1;  // the pass's dispatch and return
     const double collectives_before = pass == 0 ? 0.25 : 0.75;
     using Grid = std::vector<std::vector<double>>;
     Grid before(nn, std::vector<double>(2, 0.0)), after = before, ca = before, out = before, back = before;
@@ -326,9 +334,6 @@ double PlannedIteration(const SimOptions& o, const std::vector<int64_t>& docs, P
       EXPECT_TRUE(BuildPlan(nano, po, CostModel::Flops(po.model), &plan).ok());
       const PlanTraffic& t = plan.stats.traffic;
       if (pass == 0) *bytes += L * double(t.total_bytes());
-      const double share = t.total_bytes() == 0 ? 0.0
-                           : pass == 0          ? double(t.forward_bytes) / double(t.total_bytes())
-                                                : double(t.backward_bytes) / double(t.total_bytes());
       std::vector<double> tokens(2, 0.0);
       for (const PlanDocument& d : plan.documents)
         for (const PlanPiece& p : d.pieces) tokens[p.rank] += double(p.end - p.begin);
@@ -338,9 +343,11 @@ double PlannedIteration(const SimOptions& o, const std::vector<int64_t>& docs, P
         before[n][r] = before_share * flops + collectives_before * comm;
         after[n][r] = flops + comm - before[n][r];
         ca[n][r] = ca_factor * plan.stats.load[r] / 2e12;
-        if (t.sent[r] > 0 || t.received[r] > 0) {
-          out[n][r] = k.AllToAll(out_share * share * t.sent[r], out_share * share * t.received[r], true);
-          back[n][r] = k.AllToAll((1 - out_share) * share * t.sent[r], (1 - out_share) * share * t.received[r], true);
+        const double out_s = double(t.exchange_sent[out_ex][r]), out_r = double(t.exchange_received[out_ex][r]);
+        const double back_s = double(t.exchange_sent[back_ex][r]), back_r = double(t.exchange_received[back_ex][r]);
+        if (out_s + out_r + back_s + back_r > 0) {
+          out[n][r] = k.AllToAll(out_s, out_r, true);
+          back[n][r] = k.AllToAll(back_s, back_r, true);
         }
       }
     }
@@ -421,6 +428,25 @@ TEST(ColocatedTest, LaterRankFetchesTheKvPrefixOfACutDocument) {
   // Ping-pong is off for colocated whatever the option says.
   o.ping_pong = false;
   EXPECT_DOUBLE_EQ(SimulateOne(o, {docs}, SimStrategy::kColocated).iteration_s, r.iteration_s);
+}
+
+TEST(ColocatedTest, EachExchangeCarriesItsOwnBytes) {
+  // The same cut document: only K/V move. Rows of K+V are 2 * 2 * 16 * 2 =
+  // 128 B, of fp32 dK+dV 256 B; the 2 ranks of tp 2 span 2 nodes (10 GB/s
+  // and 10 us a device). Forward: K/V [0, 512) go out (65536 B), nothing
+  // comes back, yet the return, an empty all-to-all, costs its latency.
+  // Backward: K/V out again, dK/dV back (131072 B). Both ranks hold 1024
+  // tokens (the same linear work) and rank 1 serves more attention, so the
+  // exposed communication per layer is exactly the two exchanges.
+  SimOptions o = TestOptions();
+  o.hardware.attention_efficiency = {{1.0, 1.0}};
+  const SimResult r = SimulateOne(o, {{512, 1024, 512}}, SimStrategy::kColocated);
+  const double bw = 2 * 10e9, lat = 1e-5;
+  const double forward = (lat + 65536 / bw) + lat, backward = (lat + 65536 / bw) + (lat + 131072 / bw);
+  EXPECT_NEAR(r.breakdown.forward_comm_s, forward, forward * kRel);
+  EXPECT_NEAR(r.breakdown.backward_comm_s, backward, backward * kRel);
+  // Per layer: (65536 + 65536 + 131072) B.
+  EXPECT_DOUBLE_EQ(r.bytes_moved, 2 * 262144.0);
 }
 
 TEST(CadTest, CMinIsTheSmallestDegreeWhoseTokensFit) {
@@ -557,6 +583,10 @@ TEST(GradSyncTest, ClosesEveryIterationOnTheRanksThatHoldWeights) {
   replicated.distributed_optimizer = false;
   const double all_reduce = 2 * 1e-5 + P * (4 + 4) * 0.5 / (2 * 10e9);
   EXPECT_NEAR(sim::SimContext(replicated).GradSyncSeconds(), all_reduce, all_reduce * kRel);
+  // fp32 training: the weights gathered are 4 B too.
+  SimOptions fp32 = o;
+  fp32.hardware.dtype_bytes = 4;
+  EXPECT_NEAR(sim::SimContext(fp32).GradSyncSeconds(), all_reduce, all_reduce * kRel);
   for (SimStrategy s : {SimStrategy::kWlbIdeal, SimStrategy::kMegatron, SimStrategy::kDistcaPaper, SimStrategy::kDistca,
                         SimStrategy::kColocated}) {
     const SimResult sharded = SimulateOne(o, {{1024, 512, 512}}, s);
