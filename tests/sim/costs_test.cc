@@ -86,6 +86,16 @@ TEST(HardwareProfileTest, AttentionTableReplacesTheCurveForItsShape) {
   double total = 0;
   for (int i = 0; i < 4; ++i) total += k.AttentionForward(256 * i, 256 * (i + 1));
   EXPECT_NEAR(k.AttentionForwardCp(1024, 2), total / 2, kRel);
+  // By hand, with a table whose points are the shards themselves (256 rows
+  // against prefixes of 256, 512, 768 and 1024: 1, 2, 3 and 4 ms), measured
+  // for the rank's own 2 x 1 heads at scale 1: (1 + 2 + 3 + 4) ms forward +
+  // backward, a 1 / 3.5 forward share, over 2 ranks.
+  HardwareProfile shards = TestProfile();
+  shards.attention_tables = {AttentionTable{
+      "s.csv", 2, 1, 16, 1.0, "q_len,kv_len,seconds\n256,256,1e-3\n256,512,2e-3\n256,768,3e-3\n256,1024,4e-3\n"}};
+  const RankCosts ks(TestModel(), shards, 2);
+  ASSERT_TRUE(ks.measured_attention());
+  EXPECT_NEAR(ks.AttentionForwardCp(1024, 2), 10e-3 / 3.5 / 2, kRel);
   // Another head dimension keeps the efficiency curve.
   ModelConfig other = TestModel();
   other.hidden = 128;  // 4 heads of 32

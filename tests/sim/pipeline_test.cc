@@ -44,6 +44,13 @@ TEST(PipelineTest, OneSlowMicroBatch) {
 TEST(PipelineTest, PointToPointOnEveryStageBoundary) {
   // P 2, m 1: F0 [0,1], send 0.5, F1 [1.5,2.5], B1 [2.5,4.5], send 0.5, B0 [5,7].
   EXPECT_DOUBLE_EQ(Simulate1F1B(Uniform(1, 2, 1.0, 2.0, 0.5)).makespan, 7.0);
+  // P 2, m 2: every message waits 0.5 on its way.
+  //   s0: F0 [0,1] F1 [1,2]                    B0 [5,7]  B1 [8,10]
+  //   s1:   F0 [1.5,2.5] B0 [2.5,4.5] F1 [4.5,5.5] B1 [5.5,7.5]
+  const PipelineRun run = Simulate1F1B(Uniform(2, 2, 1.0, 2.0, 0.5));
+  EXPECT_DOUBLE_EQ(run.makespan, 10.0);
+  EXPECT_DOUBLE_EQ(run.busy[0], 6.0);  // the messages are not busy time
+  EXPECT_DOUBLE_EQ(run.busy[1], 6.0);
 }
 
 TEST(PackingTest, CutIntoChunksCutsAtBoundaries) {

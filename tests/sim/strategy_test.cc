@@ -120,6 +120,31 @@ TEST(MegatronTest, SweepKeepsToDegreesThatFitInMemory) {
   EXPECT_FALSE(r.memory_fits);
 }
 
+TEST(WlbIdealTest, ContextParallelTimeAndBytesByHand) {
+  // CP 2 over both ranks, one replica running the two 1024 chunks one after
+  // the other. Per micro-batch and layer, per rank:
+  //   linear 512 x 73728 / (2 x 1e12 x 0.5) = 3.7748736e-5 s;
+  //   attention: half of 4 x 64 x 524800 pairs on 256-row shards (efficiency
+  //     0.5 + 0.5 / 3), over 2 x 1e12: 5.03808e-5 s;
+  //   all-gather of 1024 x 128 B over the 2 nodes: 1e-5 + 65536 / 2e10 =
+  //     1.32768e-5 s (the reduce-scatter in the backward pass the same);
+  //   LM head 512 x 2 x 64 x 256 / 1e12 = 1.6777216e-5 s.
+  // A micro-batch: 2 layers forward (+ head), backward 2 x linear, 2.5 x
+  // attention, 1 x the exchange (+ 2 x head).
+  SimOptions o = TestOptions();
+  o.cp = 2;
+  const double lin = 3.7748736e-5, ca = 5.03808e-5, ag = 1.32768e-5, head = 1.6777216e-5;
+  const double want = 2 * (2 * (lin + ca + ag) + head + 2 * (2 * lin + 2.5 * ca + ag) + 2 * head);
+  const SimResult r = SimulateOne(o, {{1024, 1024}}, SimStrategy::kWlbIdeal);
+  EXPECT_NEAR(r.iteration_s, want, want * kRel);
+  EXPECT_NEAR(r.iteration_s, 1.365193728e-3, 1e-15);
+  // K/V gathered forward and dK/dV scattered backward: 2 x 2 layers x 1024
+  // rows x 128 B x (c - 1) per micro-batch.
+  EXPECT_DOUBLE_EQ(r.bytes_moved, 2 * (2.0 * 2 * 1024 * 128));
+  EXPECT_EQ(r.cp, 2);
+  EXPECT_EQ(r.idle_fraction, 0.0);
+}
+
 TEST(WlbIdealTest, PacksWholeDocumentsAndWaitsForTheSlowestReplica) {
   SimOptions o = TestOptions();
   o.cp = 1;
