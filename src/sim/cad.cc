@@ -98,7 +98,6 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
   BatchOutcome o;
   o.busy_s.assign(total_ranks, 0.0);
   std::vector<double> held_max(total_ranks, 0.0), buffer_max(total_ranks, 0.0);
-  const double p2p = P > 1 ? k.PointToPoint(rank_tokens * k.HiddenBytesPerToken(), ctx.pipeline_inter_node) : 0.0;
 
   for (int tick = 0; tick < m + P - 1; ++tick) {
     std::vector<int> active, idle;
@@ -173,6 +172,15 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
       o.bytes_moved += ctx.stage_layers * double(tr.total_bytes());
     }
     const bool overlap = opt.ping_pong && costs.size() == 2;
+    // Tokens each rank holds in this tick (all nano-batches): what the LM
+    // head runs over on the last stage and what crosses a stage boundary.
+    std::vector<double> tick_tokens(total_ranks, 0.0);
+    for (const NanoCost& c : costs)
+      for (int r = 0; r < total_ranks; ++r) tick_tokens[r] += c.tokens[r];
+    const double p2p =
+        P > 1 ? k.PointToPoint(*std::max_element(tick_tokens.begin(), tick_tokens.end()) * k.HiddenBytesPerToken(),
+                               ctx.pipeline_inter_node)
+              : 0.0;
 
     // One layer, forward (pass 0) and backward (pass 1), per physical rank
     // and nano-batch: the linear part before core attention (forward: the
@@ -269,12 +277,17 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
       }
       const double max_compute = *std::max_element(compute.begin(), compute.end());
 
-      // The LM head on the last stage (its ranks hold about rank_tokens), and
-      // the activations crossing stage boundaries.
+      // The LM head on the last stage's ranks, over the tokens each holds
+      // (the slowest sets the tick), and the activations crossing stage
+      // boundaries.
       double head = 0;
       if (std::find(active.begin(), active.end(), P - 1) != active.end()) {
-        head = head_factor * k.HeadForward(rank_tokens);
-        for (int j = 0; j < G; ++j) o.busy_s[(P - 1) * stride + j] += head;
+        for (int j = 0; j < G; ++j) {
+          const int r = (P - 1) * stride + j;
+          const double h = head_factor * k.HeadForward(tick_tokens[r]);
+          o.busy_s[r] += h;
+          head = std::max(head, h);
+        }
       }
       o.iteration_s += pass_s + head + p2p;
 
@@ -287,12 +300,9 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
     }
 
     for (int r = 0; r < total_ranks; ++r) {
-      double held = 0, buffer = 0;
-      for (const NanoCost& c : costs) {
-        held += c.tokens[r];
-        buffer += c.sent[r] + c.received[r];
-      }
-      held_max[r] = std::max(held_max[r], held);
+      double buffer = 0;
+      for (const NanoCost& c : costs) buffer += c.sent[r] + c.received[r];
+      held_max[r] = std::max(held_max[r], tick_tokens[r]);
       buffer_max[r] = std::max(buffer_max[r], buffer);
     }
   }
