@@ -113,7 +113,8 @@ TEST(MegatronTest, SweepKeepsToDegreesThatFitInMemory) {
   EXPECT_EQ(r.cp, 2);
   EXPECT_TRUE(r.memory_fits);
   EXPECT_DOUBLE_EQ(r.iteration_s, two.iteration_s);
-  // Nothing fits: the largest degree, flagged.
+  // Nothing fits: the degree needing the least memory (here the largest),
+  // flagged.
   o.hardware.memory_bytes = two.memory_max_bytes / 2;
   r = SimulateOne(o, {{1024, 1024}}, SimStrategy::kMegatron);
   EXPECT_EQ(r.cp, 2);
@@ -265,6 +266,22 @@ TEST(MegatronTest, ArtifactMicroBatchesJoinAReplicasChunks) {
   const double ag = 1e-5 + 2048.0 * 128 / 2 / (2 * 10e9);
   const double want = MicroBatch(k, 1024, 2 * k.AttentionForwardCp(1024, 2), ag, 2 * ag);
   const SimResult r = SimulateOne(o, {{1024, 1024}}, SimStrategy::kMegatron);
+  EXPECT_NEAR(r.iteration_s, want, want * kRel);
+}
+
+TEST(MegatronTest, AReplicasChunksSplitAsEvenlyAsTheCountAllows) {
+  // Three 1024 chunks on one replica (CP 2 over both ranks) in 2
+  // micro-batches: chunks [0, 1) and [1, 3) (k g / m boundaries), 512 and
+  // 1024 tokens a rank, their rings carrying 1024 and 2048 tokens' K/V.
+  SimOptions o = TestOptions();
+  o.cp = 2;
+  o.micro_batches = 2;
+  o.batch_size = 3;
+  const sim::RankCosts k(o.model, o.hardware, o.tp);
+  const double ag1 = 1e-5 + 1024.0 * 128 / 2 / (2 * 10e9), ag2 = 1e-5 + 2048.0 * 128 / 2 / (2 * 10e9);
+  const double ca = k.AttentionForwardCp(1024, 2);
+  const double want = MicroBatch(k, 512, ca, ag1, 2 * ag1) + MicroBatch(k, 1024, 2 * ca, ag2, 2 * ag2);
+  const SimResult r = SimulateOne(o, {{1024, 1024, 1024}}, SimStrategy::kMegatron);
   EXPECT_NEAR(r.iteration_s, want, want * kRel);
 }
 
@@ -518,6 +535,28 @@ TEST(CadTest, CMinIsTheSmallestDegreeWhoseTokensFit) {
     EXPECT_EQ(r.cp, 2) << SimStrategyName(s);  // the largest degree, flagged
     EXPECT_FALSE(r.memory_fits);
   }
+}
+
+TEST(CadTest, NominalMemoryTakesTheLargerOfTheFirstAndLastStage) {
+  // 4 devices, tp 2, pp 2: one rank per stage, one layer each, B = 2 chunks
+  // of 1024: at c = 1 two waves of 1024 tokens a rank. The first stage holds
+  // both waves' activations (2 x 1024 x 1664 B), the last one wave's and its
+  // logits (1024 x (1664 + 256 x 6) B); each half the weights, the
+  // optimizer unsharded (one rank per stage), no buffer (budget 0); per
+  // device of tp 2.
+  SimOptions o = TestOptions();
+  o.pp = 2;
+  o.comm_budget = 0;
+  const double half = double(ParameterCount(o.model)) / 2;
+  const double first = (half * 18 + 2 * 1024.0 * 1664) / 2, last = (half * 18 + 1024.0 * (1664 + 1536)) / 2;
+  ASSERT_GT(first, last);
+  EXPECT_NEAR(sim::CadMemoryBytes(sim::SimContext(o), 1), first, first * kRel);
+  // A vocabulary 4x larger: the last stage's logits dominate.
+  o.model.vocab_size = 1024;
+  const double half_v = double(ParameterCount(o.model)) / 2;
+  const double first_v = (half_v * 18 + 2 * 1024.0 * 1664) / 2, last_v = (half_v * 18 + 1024.0 * (1664 + 6144)) / 2;
+  ASSERT_GT(last_v, first_v);
+  EXPECT_NEAR(sim::CadMemoryBytes(sim::SimContext(o), 1), last_v, last_v * kRel);
 }
 
 TEST(CadTest, WithPipelineStagesTheFastestDegreeThatFits) {
