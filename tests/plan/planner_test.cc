@@ -237,6 +237,23 @@ TEST(PlannerTest, PoliciesOnASkewedBatch) {
   EXPECT_TRUE(plans[PlanPolicy::kDistca].bound_met);
 }
 
+TEST(PlannerTest, ABalancedBatchMovesNothing) {
+  // One 1024 document per rank: every rank already has the mean load, so no
+  // policy moves a byte, and each runs its own rank's rows.
+  PlanOptions o;
+  o.ranks = 4;
+  const CostModel cost = CostModel::Flops(o.model);
+  for (PlanPolicy policy : {PlanPolicy::kColocated, PlanPolicy::kPaper, PlanPolicy::kDistca}) {
+    o.policy = policy;
+    Plan p;
+    ASSERT_TRUE(BuildPlan({1024, 1024, 1024, 1024}, o, cost, &p).ok()) << PlanPolicyName(policy);
+    EXPECT_TRUE(ValidatePlan(p, cost).ok()) << PlanPolicyName(policy);
+    EXPECT_EQ(p.stats.traffic.total_bytes(), 0) << PlanPolicyName(policy);
+    EXPECT_DOUBLE_EQ(p.stats.max_over_mean(), 1.0) << PlanPolicyName(policy);
+    for (const PlanTask& t : p.tasks) EXPECT_EQ(t.server, t.doc) << PlanPolicyName(policy);
+  }
+}
+
 TEST(PlannerTest, DedicatedServersTakeWork) {
   PlanOptions o;
   o.ranks = 4;

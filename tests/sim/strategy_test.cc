@@ -831,6 +831,24 @@ TEST(GridTest, PaperGridShapesAndCsv) {
   // gradient sync.
   EXPECT_NE(row.find("," + std::to_string(points[0].micro_batches) + ",0,whole-batch,0.125000\n"), std::string::npos);
   EXPECT_NE(header.find(",wlb_scope,grad_sync_s\n"), std::string::npos);
+  // A whole row, every column.
+  r.iteration_s = 1.5;
+  r.tokens_per_s = 12345.6;
+  r.speedup = 1.2345;
+  r.idle_fraction = 0.0625;
+  r.memory_max_bytes = 12.5e9;
+  r.memory_mean_bytes = 10.25e9;
+  r.memory_fits = true;
+  r.bytes_moved = 3.5e9;
+  r.max_buffer_bytes = 2.125e9;
+  r.cp = 4;
+  r.tolerance_used = 0.05;
+  const GridPoint& g = points[0];
+  EXPECT_EQ(GridCsvRow(g, r, WlbScope::kWholeBatch),
+            g.Label() + "," + g.model + "," + std::to_string(g.gpus) + "," + std::to_string(g.tp) + "," +
+                std::to_string(g.pp) + "," + std::to_string(g.max_doc_len) + "," + std::to_string(g.batch_size) +
+                ",distca-paper,1.500000,12345.6,1.2345,0.0625,12.500,10.250,1,3.500,2.1250,4,0.050," +
+                std::to_string(g.micro_batches) + ",0,whole-batch,0.125000\n");
   const std::string script = SpeedupPlotScript("g.csv", "s.png", "t", {SimStrategy::kWlbIdeal, SimStrategy::kDistca});
   EXPECT_NE(script.find("set output 's.png'"), std::string::npos);
   EXPECT_NE(script.find("every 2::1 using 11:xtic(1) title 'distca'"), std::string::npos);
