@@ -179,6 +179,15 @@ struct Plan {
 Status BuildPlan(const std::vector<int64_t>& doc_lengths, const PlanOptions& options, const CostModel& cost,
                  Plan* plan);
 
+// Plans the CA-tasks of documents already laid out over options.ranks: each
+// document's pieces partition it, and ranks may hold different numbers of
+// tokens, or none (the simulator's pipeline stages, each holding its own
+// micro-batch, share one plan's attention servers). BuildPlan is
+// LinearLayout followed by this. The result satisfies
+// ValidatePlanForLayout (and ValidatePlan when the layout is even).
+Status BuildPlanForLayout(std::vector<PlanDocument> documents, const PlanOptions& options, const CostModel& cost,
+                          Plan* plan);
+
 // The linear layout alone: documents in order, cut into pieces so that rank r
 // holds global tokens [r * T / R, (r + 1) * T / R) (counts differ by at most 1).
 Status LinearLayout(const std::vector<int64_t>& doc_lengths, int ranks, std::vector<PlanDocument>* documents);
@@ -198,6 +207,9 @@ Status ComputePlanStats(const Plan& plan, const CostModel& cost, PlanStats* stat
 // boundaries or the document's ends; servers exist; and plan.stats equals
 // ComputePlanStats. Returns the first violation found.
 Status ValidatePlan(const Plan& plan, const CostModel& cost);
+// ValidatePlan without the rule that ranks hold equal token counts: for
+// plans of a given layout (BuildPlanForLayout).
+Status ValidatePlanForLayout(const Plan& plan, const CostModel& cost);
 
 // Splits a batch into `count` nano-batches for ping-pong. Documents stay whole
 // (a split document's later part would need the earlier part's K/V from the

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "plan/planner_internal.h"
 
@@ -109,13 +110,34 @@ Status PlanOnce(const PlanOptions& o, const CostModel& cost, double eps, Plan* p
 Status BuildPlan(const std::vector<int64_t>& doc_lengths, const PlanOptions& o, const CostModel& cost, Plan* plan) {
   if (plan == nullptr) return Status::InvalidArgument("plan is null");
   DISTCA_RETURN_IF_ERROR(ValidateOptions(o));
+  std::vector<PlanDocument> documents;
+  DISTCA_RETURN_IF_ERROR(LinearLayout(doc_lengths, o.ranks, &documents));
+  return BuildPlanForLayout(std::move(documents), o, cost, plan);
+}
+
+Status BuildPlanForLayout(std::vector<PlanDocument> documents, const PlanOptions& o, const CostModel& cost,
+                          Plan* plan) {
+  if (plan == nullptr) return Status::InvalidArgument("plan is null");
+  DISTCA_RETURN_IF_ERROR(ValidateOptions(o));
   Plan p;
   p.ranks = o.ranks;
   p.dedicated_servers = o.dedicated_servers;
   p.block = o.block;
   p.policy = o.policy;
   p.model = o.model;
-  DISTCA_RETURN_IF_ERROR(LinearLayout(doc_lengths, o.ranks, &p.documents));
+  p.documents = std::move(documents);
+  if (p.documents.empty()) return Status::InvalidArgument("the batch has no documents");
+  int64_t total = 0;
+  for (size_t d = 0; d < p.documents.size(); ++d) {
+    const int64_t len = p.documents[d].length;
+    if (len > kMaxDocumentLength)
+      return Status::OutOfRange(
+          fmt::format("document {} has length {}, more than the supported {}", d, len, kMaxDocumentLength));
+    if (len > 0 && len > std::numeric_limits<int64_t>::max() / 4 - total)
+      return Status::OutOfRange("the batch's total token count overflows");
+    total += std::max<int64_t>(len, 0);
+  }
+  DISTCA_RETURN_IF_ERROR(plan::CheckLayout(p));
 
   double eps = o.tolerance;
   DISTCA_RETURN_IF_ERROR(PlanOnce(o, cost, eps, &p));

@@ -25,6 +25,10 @@ struct ByteRates {
 
 ByteRates ByteRatesFor(const PlanModel& model);
 
+// The layout part of ValidatePlanForLayout: every document's pieces
+// partition it and lie on ranks of the plan.
+Status CheckLayout(const Plan& plan);
+
 // A policy fills plan->tasks for the documents already in plan->documents,
 // keeping its own running load per server in *loads (cross-checked against a
 // from-scratch recomputation by BuildPlan). eps is the tolerance to plan for.

@@ -10,7 +10,9 @@
 namespace distca {
 namespace {
 
-Status ValidateLayout(const Plan& plan) {
+// Pieces partition every document and lie on existing ranks; with `even`,
+// ranks also hold equal token counts within one block.
+Status ValidateLayout(const Plan& plan, bool even) {
   if (plan.ranks <= 0) return Status::InvalidArgument(fmt::format("plan has {} ranks", plan.ranks));
   if (plan.dedicated_servers < 0)
     return Status::InvalidArgument(fmt::format("plan has {} dedicated servers", plan.dedicated_servers));
@@ -36,7 +38,7 @@ Status ValidateLayout(const Plan& plan) {
       return Status::InvalidArgument(fmt::format("document {}: pieces cover [0, {}) of [0, {})", d, pos, doc.length));
   }
   const auto [lo, hi] = std::minmax_element(tokens.begin(), tokens.end());
-  if (*hi - *lo > plan.block)
+  if (even && *hi - *lo > plan.block)
     return Status::InvalidArgument(
         fmt::format("ranks hold between {} and {} tokens: more than one block ({}) apart", *lo, *hi, plan.block));
   return Status::Ok();
@@ -92,10 +94,8 @@ Status ValidateTasks(const Plan& plan) {
 
 bool SameLoad(double a, double b) { return std::abs(a - b) <= 1e-9 * std::max({1.0, std::abs(a), std::abs(b)}); }
 
-}  // namespace
-
-Status ValidatePlan(const Plan& plan, const CostModel& cost) {
-  DISTCA_RETURN_IF_ERROR(ValidateLayout(plan));
+Status ValidateWithLayout(const Plan& plan, const CostModel& cost, bool even) {
+  DISTCA_RETURN_IF_ERROR(ValidateLayout(plan, even));
   DISTCA_RETURN_IF_ERROR(ValidateTasks(plan));
   // Every task's KV prefix [0, q_end) is accounted for by ComputePlanStats,
   // which charges each (document, server) for the K/V rows of [0, max q_end)
@@ -124,5 +124,19 @@ Status ValidatePlan(const Plan& plan, const CostModel& cost) {
     return Status::InvalidArgument("plan load summary (max, min, mean) differs from the recomputed one");
   return Status::Ok();
 }
+
+}  // namespace
+
+Status ValidatePlan(const Plan& plan, const CostModel& cost) { return ValidateWithLayout(plan, cost, /*even=*/true); }
+
+Status ValidatePlanForLayout(const Plan& plan, const CostModel& cost) {
+  return ValidateWithLayout(plan, cost, /*even=*/false);
+}
+
+namespace plan {
+
+Status CheckLayout(const Plan& plan) { return ValidateLayout(plan, /*even=*/false); }
+
+}  // namespace plan
 
 }  // namespace distca

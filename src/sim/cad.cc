@@ -32,7 +32,25 @@ struct NanoCost {
 
 int64_t Sum(const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), int64_t{0}); }
 
+
 }  // namespace
+
+Status StageLayout(const std::vector<std::vector<int64_t>>& stage_docs, int ranks_per_stage,
+                   std::vector<PlanDocument>* layout) {
+  if (layout == nullptr || ranks_per_stage <= 0) return Status::Internal("StageLayout: bad arguments");
+  layout->clear();
+  for (size_t a = 0; a < stage_docs.size(); ++a) {
+    if (stage_docs[a].empty()) continue;
+    std::vector<PlanDocument> local;
+    DISTCA_RETURN_IF_ERROR(
+        LinearLayout(stage_docs[a], int(std::min<int64_t>(ranks_per_stage, Sum(stage_docs[a]))), &local));
+    for (PlanDocument& d : local) {
+      for (PlanPiece& p : d.pieces) p.rank += int(a) * ranks_per_stage;
+      layout->push_back(std::move(d));
+    }
+  }
+  return Status::Ok();
+}
 
 double CadMemoryBytes(const SimContext& ctx, int c) {
   const SimOptions& o = ctx.options;
@@ -116,32 +134,46 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
     for (int s = 0; s < P; ++s)
       for (int j = 0; j < S; ++j) phys.push_back(s * stride + G + j);
 
-    // Pool nano-batch n of every active stage's wave.
-    std::vector<std::vector<int64_t>> pooled(2);
-    for (int s : active)
-      for (size_t n = 0; n < nanos[tick - s].size(); ++n)
-        pooled[n].insert(pooled[n].end(), nanos[tick - s][n].begin(), nanos[tick - s][n].end());
-    if (pooled[1].empty() || Sum(pooled[0]) < plan_ranks || Sum(pooled[1]) < plan_ranks) {
-      pooled[0].insert(pooled[0].end(), pooled[1].begin(), pooled[1].end());
-      pooled.pop_back();
-    }
     // A tick whose stages all have empty waves costs nothing.
-    if (pooled[0].empty()) continue;
-    if (Sum(pooled[0]) < plan_ranks)
-      return Status::InvalidArgument(
-          fmt::format("tick {} holds {} tokens for {} ranks: some rank would hold none (fewer micro-batches, or "
-                      "fewer ranks, would give each rank a token)",
-                      tick, Sum(pooled[0]), plan_ranks));
+    if (active.empty()) continue;
+    // Nano-batch n of every active stage's wave: parts[n][a] for the a-th
+    // active stage. One plan per nano-batch pools the stages' attention over
+    // every server, but each stage's documents stay on its own G ranks.
+    std::vector<std::vector<std::vector<int64_t>>> parts(2, std::vector<std::vector<int64_t>>(active.size()));
+    int64_t nano_tokens[2] = {0, 0};
+    for (size_t a = 0; a < active.size(); ++a) {
+      const std::vector<std::vector<int64_t>>& wave = nanos[tick - active[a]];
+      for (size_t n = 0; n < wave.size(); ++n) {
+        parts[n][a] = wave[n];
+        nano_tokens[n] += Sum(wave[n]);
+      }
+    }
+    if (nano_tokens[1] == 0 || nano_tokens[0] < plan_ranks || nano_tokens[1] < plan_ranks) {
+      for (size_t a = 0; a < active.size(); ++a)
+        parts[0][a].insert(parts[0][a].end(), parts[1][a].begin(), parts[1][a].end());
+      parts.pop_back();
+    }
+    for (size_t a = 0; a < active.size(); ++a) {
+      int64_t wave_tokens = 0;
+      for (const auto& nano : parts) wave_tokens += Sum(nano[a]);
+      if (wave_tokens < G)
+        return Status::InvalidArgument(
+            fmt::format("tick {}: stage {} holds {} tokens for {} ranks: some rank would hold none (fewer "
+                        "micro-batches, or fewer ranks, would give each rank a token)",
+                        tick, active[a], wave_tokens, G));
+    }
 
     PlanOptions po = base;
     po.ranks = plan_ranks;
     po.dedicated_servers = static_cast<int>(phys.size()) - plan_ranks;
     const bool inter = int64_t{opt.tp} * int64_t(phys.size()) > opt.hardware.gpus_per_node;
     std::vector<NanoCost> costs;
-    for (size_t n = 0; n < pooled.size(); ++n) {
+    for (size_t n = 0; n < parts.size(); ++n) {
+      std::vector<PlanDocument> layout;
+      DISTCA_RETURN_IF_ERROR(StageLayout(parts[n], G, &layout));
       Plan plan;
-      DISTCA_RETURN_IF_ERROR(
-          BuildPlan(pooled[n], po, flops, &plan).WithContext(fmt::format("tick {}, nano-batch {}", tick, n)));
+      DISTCA_RETURN_IF_ERROR(BuildPlanForLayout(std::move(layout), po, flops, &plan)
+                                 .WithContext(fmt::format("tick {}, nano-batch {}", tick, n)));
       NanoCost c;
       c.tokens.assign(total_ranks, 0.0);
       c.attention.assign(total_ranks, 0.0);

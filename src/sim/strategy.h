@@ -56,6 +56,13 @@ struct SimContext {
 // (CadRankTokens(c) tokens per wave, min(pp, m) waves in flight) and the last
 // stage's (one wave and its logits).
 double CadMemoryBytes(const SimContext& ctx, int c);
+// The linear layout of one CAD plan in a tick: stage_docs[a], the documents
+// of the a-th active stage's nano-batch, over that stage's own plan ranks
+// [a G, a G + G) (G = ranks_per_stage; over fewer if it has fewer tokens),
+// so that pooling the stages' attention never moves a stage's tokens to
+// another stage's ranks.
+Status StageLayout(const std::vector<std::vector<int64_t>>& stage_docs, int ranks_per_stage,
+                   std::vector<PlanDocument>* layout);
 
 // One batch under one strategy. Ranks are numbered stage by stage; a stage's
 // dedicated attention servers (if any) follow its G ranks.

@@ -254,6 +254,50 @@ TEST(PlannerTest, ABalancedBatchMovesNothing) {
   }
 }
 
+TEST(PlannerTest, AGivenUnevenLayout) {
+  // Two "stages": ranks 0 and 1 hold a 2048 document half each, ranks 2 and
+  // 3 one 256 document each (1024 and 256 tokens a rank).
+  PlanOptions o;
+  o.ranks = 4;
+  const CostModel cost = CostModel::Flops(o.model);
+  std::vector<PlanDocument> docs(3);
+  docs[0].length = 2048;
+  docs[0].pieces = {{0, 0, 1024}, {1, 1024, 2048}};
+  docs[1].length = 256;
+  docs[1].pieces = {{2, 0, 256}};
+  docs[2].length = 256;
+  docs[2].pieces = {{3, 0, 256}};
+  for (PlanPolicy policy : {PlanPolicy::kColocated, PlanPolicy::kPaper, PlanPolicy::kDistca}) {
+    o.policy = policy;
+    Plan p;
+    ASSERT_TRUE(BuildPlanForLayout(docs, o, cost, &p).ok()) << PlanPolicyName(policy);
+    EXPECT_EQ(p.documents.size(), 3u);
+    EXPECT_EQ(p.documents[0].pieces.size(), 2u);
+    EXPECT_TRUE(ValidatePlanForLayout(p, cost).ok()) << PlanPolicyName(policy);
+    EXPECT_TRUE(Contains(ValidatePlan(p, cost), "ranks hold between 256 and 1024 tokens")) << PlanPolicyName(policy);
+  }
+  // distca balances the attention over all four servers all the same.
+  o.policy = PlanPolicy::kDistca;
+  Plan balanced;
+  ASSERT_TRUE(BuildPlanForLayout(docs, o, cost, &balanced).ok());
+  EXPECT_TRUE(balanced.bound_met);
+  EXPECT_LE(balanced.stats.max_over_mean(), 1.05 + 1e-9);
+  // Bad layouts are refused with the reason.
+  Plan p;
+  o.policy = PlanPolicy::kDistca;
+  std::vector<PlanDocument> bad = docs;
+  bad[0].pieces[1].begin = 1000;
+  EXPECT_TRUE(Contains(BuildPlanForLayout(bad, o, cost, &p), "pieces do not partition"));
+  bad = docs;
+  bad[1].pieces[0].rank = 4;
+  EXPECT_TRUE(Contains(BuildPlanForLayout(bad, o, cost, &p), "rank 4, which does not exist"));
+  bad = docs;
+  bad[2].length = 0;
+  bad[2].pieces.clear();
+  EXPECT_TRUE(Contains(BuildPlanForLayout(bad, o, cost, &p), "document 2 has length 0"));
+  EXPECT_TRUE(Contains(BuildPlanForLayout({}, o, cost, &p), "no documents"));
+}
+
 TEST(PlannerTest, DedicatedServersTakeWork) {
   PlanOptions o;
   o.ranks = 4;

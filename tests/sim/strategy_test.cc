@@ -559,6 +559,42 @@ TEST(CadTest, NominalMemoryTakesTheLargerOfTheFirstAndLastStage) {
   EXPECT_NEAR(sim::CadMemoryBytes(sim::SimContext(o), 1), last_v, last_v * kRel);
 }
 
+TEST(CadTest, EachStageKeepsItsWaveOnItsOwnRanks) {
+  // Two active stages of 2 ranks: stage 0's nano-batch {1536}, stage 1's
+  // {256, 256}. Pooled into one linear layout they would hold 512 tokens a
+  // rank; each on its own ranks, 768 and 256.
+  std::vector<PlanDocument> layout;
+  ASSERT_TRUE(sim::StageLayout({{1536}, {256, 256}}, 2, &layout).ok());
+  ASSERT_EQ(layout.size(), 3u);
+  std::vector<int64_t> tokens(4, 0);
+  for (const PlanDocument& d : layout)
+    for (const PlanPiece& p : d.pieces) tokens[p.rank] += p.end - p.begin;
+  EXPECT_EQ(tokens, (std::vector<int64_t>{768, 768, 256, 256}));
+  EXPECT_EQ(layout[0].pieces.size(), 2u);  // the 1536 document, cut between ranks 0 and 1
+  // A stage with nothing in this nano-batch holds nothing; one with fewer
+  // tokens than ranks uses as many ranks as it has tokens.
+  ASSERT_TRUE(sim::StageLayout({{}, {1}}, 2, &layout).ok());
+  ASSERT_EQ(layout.size(), 1u);
+  EXPECT_EQ(layout[0].pieces.size(), 1u);
+  EXPECT_EQ(layout[0].pieces[0].rank, 2);
+
+  // End to end: pp 2, two waves of different sizes ({1536} and {512}); in
+  // the tick where both stages are busy, the last stage's ranks hold wave
+  // 0's 768 tokens a rank, which its memory (one wave in flight, its
+  // logits) shows: 768 tokens, not the 512 of a pooled layout.
+  SimOptions o = TestOptions();
+  o.gpus = 8;
+  o.pp = 2;
+  o.micro_batches = 2;
+  o.comm_budget = 1'000'000'000;  // a fixed buffer, so memory is tokens only
+  const sim::SimContext ctx(o);
+  sim::BatchOutcome out;
+  ASSERT_TRUE(sim::SimulateDistca(ctx, {1536, 512}, 1, &out).ok());
+  const double half = double(ParameterCount(o.model)) / 2;  // a stage's weights; one layer each
+  const double last = (half * (6 + 12.0 / 2) + 768.0 * (1664 + 1536) + 1e9 * 2) / 2;
+  for (int r : {2, 3}) EXPECT_NEAR(out.memory_bytes[r], last, last * kRel) << r;
+}
+
 TEST(CadTest, WithPipelineStagesTheFastestDegreeThatFits) {
   // 8 devices, tp 2, pp 2: G = 2 ranks per stage, B = 2 chunks of 32
   // 64-token documents (linear work dominates). CAD at c = 1 runs one wave
