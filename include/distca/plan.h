@@ -77,7 +77,6 @@ inline constexpr int kMaxPlanServers = 1 << 20;
 // limit), so that a batch's bytes stay within 64 bits.
 inline constexpr int64_t kMaxPlanWidth = int64_t{1} << 24;
 
-
 enum class PlanPolicy {
   kColocated,  // every rank serves its own tokens: the baseline
   kPaper,      // DistCA's published greedy, for side-by-side comparison

@@ -103,10 +103,11 @@ Status ComputePlanStats(const Plan& plan, const CostModel& cost, PlanStats* stat
       s.load[server] += cost.TaskCost(task.q_begin, task.q_end);
       kv_end = std::max(kv_end, task.q_end);
       ForeignRows(doc, server, task.q_begin, task.q_end, [&](int owner, int64_t rows) {
-        move(PlanExchange::kForwardDispatch, owner, server, rows * rates.q_row);                           // Q
-        move(PlanExchange::kForwardReturn, server, owner, rows * (rates.q_row + rates.stat_row));           // O, LSE
-        move(PlanExchange::kBackwardDispatch, owner, server, rows * 2 * (rates.q_row + rates.stat_row));  // Q, dO, LSE, delta
-        move(PlanExchange::kBackwardReturn, server, owner, rows * rates.q_row);                            // dQ
+        move(PlanExchange::kForwardDispatch, owner, server, rows * rates.q_row);                   // Q
+        move(PlanExchange::kForwardReturn, server, owner, rows * (rates.q_row + rates.stat_row));  // O, LSE
+        move(PlanExchange::kBackwardDispatch, owner, server,
+             rows * 2 * (rates.q_row + rates.stat_row));                         // Q, dO, LSE, delta
+        move(PlanExchange::kBackwardReturn, server, owner, rows * rates.q_row);  // dQ
       });
     }
     ForeignRows(doc, server, 0, kv_end, [&](int owner, int64_t rows) {

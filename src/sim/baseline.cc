@@ -26,8 +26,7 @@ CpStageCost CostCpMicroBatch(const SimContext& ctx, const std::vector<int64_t>& 
   const int layers = ctx.stage_layers;
   cost.forward = layers * (cost.linear_f + cost.attention_f + cost.all_gather);
   cost.linear_b = k.LinearBackward(tokens / c);
-  cost.backward =
-      layers * (cost.linear_b + k.AttentionBackwardFactor() * cost.attention_f + cost.backward_comm);
+  cost.backward = layers * (cost.linear_b + k.AttentionBackwardFactor() * cost.attention_f + cost.backward_comm);
   cost.head_f = k.HeadForward(tokens / c);
   return cost;
 }

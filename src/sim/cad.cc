@@ -32,7 +32,6 @@ struct NanoCost {
 
 int64_t Sum(const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), int64_t{0}); }
 
-
 }  // namespace
 
 Status StageLayout(const std::vector<std::vector<int64_t>>& stage_docs, int ranks_per_stage,
@@ -236,7 +235,8 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
       for (size_t n = 0; n < nn; ++n) {
         const NanoCost& c = costs[n];
         // This pass's dispatch and return, as the plan counts them.
-        const int out_ex = static_cast<int>(pass == 0 ? PlanExchange::kForwardDispatch : PlanExchange::kBackwardDispatch);
+        const int out_ex =
+            static_cast<int>(pass == 0 ? PlanExchange::kForwardDispatch : PlanExchange::kBackwardDispatch);
         const int back_ex = out_ex + 1;
         for (int r = 0; r < total_ranks; ++r) {
           const RankCosts::LinearSplit own = k.LinearPass(c.tokens[r], pass == 1);
