@@ -1,4 +1,5 @@
-// Property tests: every policy's plan validates on >= 10,000 random batches,
+// Property tests: every policy's plan validates on >= 10,000 random batches
+// (and on 1,000 staged layouts),
 // and `distca` meets max load <= (1 + eps) * mean on every batch where that
 // bound is achievable at block granularity.
 //
@@ -26,7 +27,15 @@ struct Case {
   std::string family;
   std::vector<int64_t> lengths;
   PlanOptions options;
+  // When not empty: a given layout instead of the linear one (pipeline
+  // stages, each holding its own documents on its own ranks), planned with
+  // BuildPlanForLayout and checked with ValidatePlanForLayout.
+  std::vector<PlanDocument> layout;
 };
+
+Status Build(const Case& c, const PlanOptions& o, const CostModel& cost, Plan* plan) {
+  return c.layout.empty() ? BuildPlan(c.lengths, o, cost, plan) : BuildPlanForLayout(c.layout, o, cost, plan);
+}
 
 enum class Achievable { kYes, kNo, kUndecided };
 
@@ -68,15 +77,15 @@ void CheckCase(const Case& c, std::map<std::string, Tally>* tallies) {
   {
     PlanOptions o = c.options;
     o.policy = PlanPolicy::kColocated;
-    ASSERT_TRUE(BuildPlan(c.lengths, o, cost, &colocated).ok());
+    ASSERT_TRUE(Build(c, o, cost, &colocated).ok());
   }
   for (PlanPolicy policy : {PlanPolicy::kColocated, PlanPolicy::kPaper, PlanPolicy::kDistca}) {
     PlanOptions o = c.options;
     o.policy = policy;
     Plan plan;
-    const Status built = BuildPlan(c.lengths, o, cost, &plan);
+    const Status built = Build(c, o, cost, &plan);
     ASSERT_TRUE(built.ok()) << c.family << " " << PlanPolicyName(policy) << ": " << built.ToString();
-    const Status valid = ValidatePlan(plan, cost);
+    const Status valid = c.layout.empty() ? ValidatePlan(plan, cost) : ValidatePlanForLayout(plan, cost);
     ASSERT_TRUE(valid.ok()) << c.family << " " << PlanPolicyName(policy) << ": " << valid.ToString();
     Tally& t = (*tallies)[PlanPolicyName(policy)];
     ++t.plans;
@@ -210,6 +219,41 @@ TEST(PlanPropertyTest, AdversarialBatches) {
     ASSERT_NO_FATAL_FAILURE(CheckCase(c, &tallies));
   }
   Report(tallies);
+}
+
+// 1,000 staged layouts, as the simulator's pipeline ticks build them: 1-4
+// stages of 1-16 ranks, each stage's own sampled documents on its own ranks
+// (stages of different sizes, some with nothing in this nano-batch).
+TEST(PlanPropertyTest, StagedLayouts) {
+  std::mt19937_64 rng(3);
+  std::map<std::string, Tally> tallies;
+  for (int n = 0; n < 1000; ++n) {
+    Case c;
+    c.family = "staged";
+    const int stages = 1 + int(rng() % 4), per_stage = 1 + int(rng() % 16);
+    for (int s = 0; s < stages; ++s) {
+      if (stages > 1 && rng() % 5 == 0) continue;  // this stage holds nothing
+      WorkloadRecipe r;
+      r.tokens_per_batch = int64_t{per_stage} * (256 << (rng() % 6));
+      r.elongate = double(1 << (rng() % 4));
+      r.upsample = 4;
+      r.filter_ratio = 0.5;
+      r.seed = rng();
+      std::vector<std::vector<int64_t>> batch;
+      ASSERT_TRUE(SampleBatches(PretrainLengths(), r, 1, &batch).ok());
+      std::vector<PlanDocument> local;
+      ASSERT_TRUE(LinearLayout(batch[0], per_stage, &local).ok());
+      for (PlanDocument& d : local) {
+        for (PlanPiece& p : d.pieces) p.rank += s * per_stage;
+        c.layout.push_back(std::move(d));
+      }
+    }
+    if (c.layout.empty()) continue;
+    c.options = RandomOptions(rng, stages * per_stage);
+    ASSERT_NO_FATAL_FAILURE(CheckCase(c, &tallies));
+  }
+  Report(tallies);
+  EXPECT_GT(tallies["distca"].bound_checked, 500);
 }
 
 }  // namespace
