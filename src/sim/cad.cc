@@ -83,7 +83,8 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
   // document cannot be split: documents stay whole, so it runs as one); with
   // ping-pong off, and for colocated, one plan per wave, as distca-train runs.
   const std::vector<std::vector<int64_t>> waves =
-      SplitIntoWaves(batch, m, std::max<int64_t>(1, int64_t(rank_tokens * G + 0.5)));
+      variant.balanced_waves ? BalanceWaves(batch, m)
+                             : SplitIntoWaves(batch, m, std::max<int64_t>(1, int64_t(rank_tokens * G + 0.5)));
   std::vector<std::vector<std::vector<int64_t>>> nanos(m);
   for (int w = 0; w < m; ++w) {
     if (waves[w].size() < 2 || !opt.ping_pong || colocated) {

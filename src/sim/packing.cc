@@ -46,6 +46,22 @@ std::vector<std::vector<int64_t>> SplitIntoWaves(const std::vector<int64_t>& doc
   return out;
 }
 
+std::vector<std::vector<int64_t>> BalanceWaves(const std::vector<int64_t>& docs, int waves) {
+  std::vector<int> order(docs.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return docs[a] > docs[b]; });
+  std::vector<int> wave_of(docs.size(), 0);
+  std::vector<int64_t> tokens(waves, 0);
+  for (int d : order) {
+    const int w = int(std::min_element(tokens.begin(), tokens.end()) - tokens.begin());
+    wave_of[d] = w;
+    tokens[w] += docs[d];
+  }
+  std::vector<std::vector<int64_t>> out(waves);
+  for (size_t d = 0; d < docs.size(); ++d) out[wave_of[d]].push_back(docs[d]);
+  return out;
+}
+
 std::vector<std::vector<int64_t>> WlbPack(const std::vector<int64_t>& docs, int bins, int64_t chunk, int64_t cap) {
   std::vector<int> order(docs.size());
   std::iota(order.begin(), order.end(), 0);

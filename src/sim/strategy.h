@@ -133,6 +133,11 @@ struct CadVariant {
   // micro-batch's linear layers, as published.
   bool dummy_bubble_work = false;
   int extra_servers = 0;  // dedicated attention servers per stage
+  // Waves balanced by tokens (BalanceWaves) instead of cut in order
+  // (SplitIntoWaves): with attention balanced by the planner, a wave's
+  // linear work is its tokens, and a pipeline stage can only work on its own
+  // wave.
+  bool balanced_waves = false;
 };
 // Waves of G / c_min chunks, L / c_min tokens per rank (with micro_batches
 // = m: m waves, B L / (m G) tokens per rank).
@@ -151,6 +156,11 @@ std::vector<std::vector<int64_t>> CutIntoChunks(const std::vector<int64_t>& docs
 // longer than `tokens` every group is non-empty and within tokens / 2 of the
 // target at each boundary.
 std::vector<std::vector<int64_t>> SplitIntoWaves(const std::vector<int64_t>& docs, int waves, int64_t tokens);
+
+// Whole documents into `waves` groups of as equal token counts as the
+// documents allow: longest first, each into the group with the fewest tokens
+// (the lowest index among equals); each group keeps the batch's order.
+std::vector<std::vector<int64_t>> BalanceWaves(const std::vector<int64_t>& docs, int waves);
 
 // WLB-LLM's variable-length packing: documents sorted by cost (l/L)^2 + l/L,
 // largest first, each into the bin with the smallest cost sum among those

@@ -59,6 +59,17 @@ TEST(PackingTest, CutIntoChunksCutsAtBoundaries) {
   EXPECT_EQ(chunks, want);
 }
 
+TEST(PackingTest, BalanceWavesLongestFirstIntoTheLightest) {
+  // 1536 -> wave 0; 512 -> wave 1 (512); 512 -> wave 1 (1024); 256 -> wave
+  // 1 (1280); 256 -> wave 1 (1536): both waves hold 1536 tokens, each in
+  // the batch's order.
+  const auto waves = BalanceWaves({1536, 512, 256, 256, 512}, 2);
+  const std::vector<std::vector<int64_t>> want = {{1536}, {512, 256, 256, 512}};
+  EXPECT_EQ(waves, want);
+  // Ties go to the lower wave; more waves than documents leave some empty.
+  EXPECT_EQ(BalanceWaves({5, 5}, 3), (std::vector<std::vector<int64_t>>{{5}, {5}, {}}));
+}
+
 TEST(PackingTest, SplitIntoWavesKeepsDocumentsWhole) {
   // Middles at 1.5, 5.5, 9, 13 with waves of 8 tokens: waves 0, 0, 1, 1.
   const auto waves = SplitIntoWaves({3, 5, 2, 6}, 2, 8);

@@ -595,6 +595,37 @@ TEST(CadTest, EachStageKeepsItsWaveOnItsOwnRanks) {
   for (int r : {2, 3}) EXPECT_NEAR(out.memory_bytes[r], last, last * kRel) << r;
 }
 
+TEST(CadTest, DistcaBalancesItsWavesByTokensWithPipelineStages) {
+  // pp 2, two waves of nominally 2048 tokens from {1536, 1536, 512, 512}:
+  // cut in order (distca-paper) they hold 1536 and 2560 tokens, balanced
+  // (distca) 2048 each. Stage 0 holds both waves in flight at the peak, at
+  // most 1280 tokens a rank in order, 1024 balanced: its memory shows it.
+  SimOptions o = TestOptions();
+  o.gpus = 8;
+  o.pp = 2;
+  o.batch_size = 4;
+  o.micro_batches = 2;
+  o.comm_budget = 1'000'000'000;
+  const sim::SimContext ctx(o);
+  const double half = double(ParameterCount(o.model)) / 2;
+  auto stage0 = [&](double tokens) { return (half * (6 + 12.0 / 2) + 2 * tokens * 1664 + 1e9 * 2) / 2; };
+  sim::BatchOutcome distca, paper;
+  ASSERT_TRUE(sim::SimulateDistca(ctx, {1536, 1536, 512, 512}, 1, &distca).ok());
+  ASSERT_TRUE(sim::SimulateDistcaPaper(ctx, {1536, 1536, 512, 512}, 1, &paper).ok());
+  for (int r : {0, 1}) {
+    EXPECT_NEAR(distca.memory_bytes[r], stage0(1024), stage0(1024) * kRel) << r;
+    EXPECT_NEAR(paper.memory_bytes[r], stage0(1280), stage0(1280) * kRel) << r;
+  }
+  // With one stage the batch's order is kept: the same waves as the paper's.
+  o.gpus = 4;
+  o.pp = 1;
+  const sim::SimContext flat(o);
+  sim::BatchOutcome a, b;
+  ASSERT_TRUE(sim::SimulateDistca(flat, {1536, 1536, 512, 512}, 1, &a).ok());
+  ASSERT_TRUE(sim::SimulateDistcaPaper(flat, {1536, 1536, 512, 512}, 1, &b).ok());
+  EXPECT_EQ(a.memory_bytes, b.memory_bytes);
+}
+
 TEST(CadTest, WithPipelineStagesTheFastestDegreeThatFits) {
   // 8 devices, tp 2, pp 2: G = 2 ranks per stage, B = 2 chunks of 32
   // 64-token documents (linear work dominates). CAD at c = 1 runs one wave
