@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cmath>
 #include <iterator>
+#include <limits>
 #include <numeric>
 #include <queue>
 #include <unordered_map>
@@ -352,8 +353,10 @@ Move DistcaPlanner::DonorBest(int donor) {
     candidates.insert(candidates.end(), holders.begin(), holders.end());
     // Dedicated servers with none of the document's K/V and the same load
     // offer the same move (to a different server), which never replaces the
-    // first one: evaluate one of them.
-    double blank_load = -1;
+    // first one: evaluate one of them. Exact because only the two top
+    // receivers can be such blanks (holders have K/V) and they come first,
+    // one after the other, so nothing else changes `best` between them.
+    double blank_load = std::numeric_limits<double>::quiet_NaN();
     for (int r : candidates) {
       if (r == donor) continue;
       if (r >= plan_.ranks && KvIndex(t.doc, r) < 0) {

@@ -1,14 +1,16 @@
 // Core attention disaggregation, costed from real plans (docs/simulator.md,
-// "CAD"). The batch's documents, whole and in order, form m = B c / G waves
-// of about G / c chunks, laid out over the G ranks (L / c tokens each; c is
-// c_min), or, with micro_batches set, m waves of B L / (m G) tokens per
-// rank. Ticks follow the aligned pipeline schedule: m + P - 1 forward ticks,
+// "CAD"). The batch's documents, whole, form m = B c / G waves of about G / c
+// chunks, laid out over the G ranks (L / c tokens each; c is c_min), or, with
+// micro_batches set, m waves of B L / (m G) tokens per rank: in order
+// (SplitIntoWaves), or, for distca with pipeline stages, balanced by tokens
+// (BalanceWaves). Ticks follow the aligned pipeline schedule: m + P - 1 forward ticks,
 // in which stage s holds wave k - s, then as many backward ticks (stage s
 // holds wave k - (P - 1 - s)); a backward tick pools the same waves as the
 // forward tick of the same index, so it reuses its plans. With P = 1 a tick
 // is a wave. In every tick the core attention of all active stages is pooled
-// and planned over all ranks: those of idle stages (and any dedicated servers)
-// are attention servers that hold no tokens. The colocated variant plans the
+// and planned over all ranks (each stage's documents stay on its own ranks):
+// those of idle stages (and any dedicated servers) are attention servers that
+// hold no tokens. The colocated variant plans the
 // active stages' ranks only, with the colocated policy, one plan per wave.
 #include <fmt/format.h>
 
@@ -148,9 +150,10 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
         nano_tokens[n] += Sum(wave[n]);
       }
     }
+    // Nothing to overlap with, or too few tokens to give every rank one in
+    // each nano-batch (as distca-train requires): one plan of whole waves.
     if (nano_tokens[1] == 0 || nano_tokens[0] < plan_ranks || nano_tokens[1] < plan_ranks) {
-      for (size_t a = 0; a < active.size(); ++a)
-        parts[0][a].insert(parts[0][a].end(), parts[1][a].begin(), parts[1][a].end());
+      for (size_t a = 0; a < active.size(); ++a) parts[0][a] = waves[tick - active[a]];
       parts.pop_back();
     }
     for (size_t a = 0; a < active.size(); ++a) {
@@ -362,7 +365,9 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
       o.max_buffer_bytes = std::max(o.max_buffer_bytes, buffer_max[r] / opt.tp);
     }
   }
-  o.bytes_moved += 2.0 * (P - 1) * m * double(G) * rank_tokens * k.HiddenBytesPerToken();
+  // Every token crosses each of the P - 1 stage boundaries once forward
+  // (activations) and once backward (their gradients).
+  o.bytes_moved += 2.0 * (P - 1) * double(Sum(batch)) * k.HiddenBytesPerToken();
   *out = std::move(o);
   return Status::Ok();
 }

@@ -49,9 +49,10 @@ class RankCosts {
   double LinearBackward(double tokens) const {
     return backward_linear_factor_ * LinearFlopsSeconds(tokens) + backward_collectives_factor_ * TpCollectives(tokens);
   }
-  // Share of a pass's linear time that runs before core attention: forward,
+  // Share of a pass's linear FLOPs that run before core attention: forward,
   // the QKV projection (PreAttentionShare); backward, the O projection and
-  // MLP backward (and the MLP's recomputation).
+  // MLP backward (and the MLP's recomputation). (The collectives split by
+  // their own order: LinearPass.)
   double BeforeAttentionShare(bool backward) const {
     return backward ? 1.0 - kBackwardLinearFactor * pre_attention_share_ / backward_linear_factor_
                     : pre_attention_share_;

@@ -41,11 +41,11 @@ struct SimContext {
   int InFlight(int m) const { return m < options.pp ? m : options.pp; }
   // The data-parallel gradient sync that closes an iteration
   // (SimOptions::grad_sync; 0 when off): on every stage at once, a ring
-  // reduce-scatter of the float32 gradients (4 B a parameter) over the
-  // stage's G ranks, then a ring all-gather of the updated weights
-  // (dtype_bytes) with the distributed optimizer, of the summed gradients (4
-  // B) without it (the all-reduce's second half); each device moves its 1 /
-  // tp of them; inter-node when the stage spans nodes.
+  // reduce-scatter of the float32 gradients (max(4, dtype_bytes) B a
+  // parameter) over the stage's G ranks, then a ring all-gather of the
+  // updated weights (dtype_bytes) with the distributed optimizer, of the
+  // summed gradients without it (the all-reduce's second half); each device
+  // moves its 1 / tp of them; inter-node when the stage spans nodes.
   double GradSyncSeconds() const;
 };
 
