@@ -98,6 +98,10 @@ struct PlanOptions {
   // galloping and bisection to a step that fits whose step below does not
   // (docs/planner.md). Default: 0
   int64_t comm_budget = 0;
+  // With budget_per_exchange, comm_budget bounds what a rank sends or
+  // receives in each of the four all-to-alls instead (a buffer that holds
+  // one exchange at a time, as DistCA's). Default: false
+  bool budget_per_exchange = false;
   PlanModel model;
 };
 
@@ -142,6 +146,8 @@ struct PlanTraffic {
   int64_t backward_bytes = 0;
   int64_t total_bytes() const { return forward_bytes + backward_bytes; }
   int64_t max_rank_bytes() const;  // max over servers of max(sent, received)
+  // Max over exchanges and servers of max(exchange_sent, exchange_received).
+  int64_t max_exchange_bytes() const;
 };
 
 struct PlanStats {

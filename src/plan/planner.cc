@@ -139,9 +139,14 @@ Status BuildPlanForLayout(std::vector<PlanDocument> documents, const PlanOptions
   }
   DISTCA_RETURN_IF_ERROR(plan::CheckLayout(p));
 
+  // The bytes the budget bounds: a rank's whole traffic, or its largest
+  // single exchange.
+  auto busiest = [&](const Plan& q) {
+    return o.budget_per_exchange ? q.stats.traffic.max_exchange_bytes() : q.stats.traffic.max_rank_bytes();
+  };
   double eps = o.tolerance;
   DISTCA_RETURN_IF_ERROR(PlanOnce(o, cost, eps, &p));
-  if (o.comm_budget > 0 && p.stats.traffic.max_rank_bytes() > o.comm_budget) {
+  if (o.comm_budget > 0 && busiest(p) > o.comm_budget) {
     // Raise eps until the busiest rank's traffic fits. Once eps covers the
     // colocated plan's own imbalance on both sides, no policy moves anything
     // (distca caps the maximum at (1 + eps) mean; the paper's recipients pull
@@ -151,11 +156,11 @@ Status BuildPlanForLayout(std::vector<PlanDocument> documents, const PlanOptions
     co.policy = PlanPolicy::kColocated;
     DISTCA_RETURN_IF_ERROR(PlanOnce(co, cost, 0.0, &colocated));
     const double eps_max = std::max(colocated.stats.max_over_mean() - 1.0, 1.0 - colocated.stats.min_over_mean());
-    if (colocated.stats.traffic.max_rank_bytes() > o.comm_budget)
+    if (busiest(colocated) > o.comm_budget)
       return Status::InvalidArgument(
           fmt::format("comm budget {} bytes is below what the linear layout alone moves "
-                      "({} bytes on the busiest rank)",
-                      o.comm_budget, colocated.stats.traffic.max_rank_bytes()));
+                      "({} bytes on the busiest rank{})",
+                      o.comm_budget, busiest(colocated), o.budget_per_exchange ? " in one exchange" : ""));
     // eps runs over tolerance + 0.05 k: step by step up to kStepByStep (the
     // first step that fits), then galloping (k doubles) to a step that fits
     // and bisection between it and the last one that did not, which finds a
@@ -165,7 +170,7 @@ Status BuildPlanForLayout(std::vector<PlanDocument> documents, const PlanOptions
     // documents spread over many idle servers (pipeline bubbles): eps in the
     // tens, hundreds of steps.
     constexpr int64_t kStepByStep = 20;
-    auto fits = [&](const Plan& q) { return q.stats.traffic.max_rank_bytes() <= o.comm_budget; };
+    auto fits = [&](const Plan& q) { return busiest(q) <= o.comm_budget; };
     auto at_step = [&](int64_t k) { return o.tolerance + 0.05 * double(k); };
     int64_t fail = 0, fit = 1;
     for (;; fit = fit < kStepByStep ? fit + 1 : 2 * fit) {

@@ -27,6 +27,14 @@ int64_t PlanTraffic::max_rank_bytes() const {
   return m;
 }
 
+int64_t PlanTraffic::max_exchange_bytes() const {
+  int64_t m = 0;
+  for (int e = 0; e < kPlanExchanges; ++e)
+    for (size_t i = 0; i < exchange_sent[e].size(); ++i)
+      m = std::max({m, exchange_sent[e][i], exchange_received[e][i]});
+  return m;
+}
+
 namespace {
 
 // Rows of [a, b) of `doc` that `server` does not hold, by owning rank:

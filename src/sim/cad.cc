@@ -106,12 +106,12 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
   base.tolerance = opt.tolerance;
   // The budget is per device (a rank's tp devices each carry 1/tp of the
   // heads) and per all-to-all: the buffer holds one exchange at a time, and
-  // DistCA checks each of the four against it. The planner's budget counts a
-  // layer's forward + backward bytes sent (or received) by a rank, so it gets
-  // the budget divided by the largest exchange's share of them (capped where
-  // it would not fit in int64: unlimited in practice).
-  const double budget = double(opt.comm_budget) * opt.tp / k.LargestExchangeShare();
+  // DistCA checks each of the four against it; so does the planner, with
+  // budget_per_exchange (capped where it would not fit in int64: unlimited
+  // in practice).
+  const double budget = double(opt.comm_budget) * opt.tp;
   base.comm_budget = colocated ? 0 : budget >= 9e18 ? int64_t{9'000'000'000'000'000'000} : int64_t(budget);
+  base.budget_per_exchange = true;
   base.model = {opt.model.q_heads, opt.model.kv_heads, opt.model.head_dim(), opt.hardware.dtype_bytes};
   const CostModel flops = CostModel::Flops(base.model);
 

@@ -30,11 +30,6 @@ RankCosts::RankCosts(const ModelConfig& m, const HardwareProfile& hw, int tp, bo
   activation_bytes_per_token_ = (12 * h + 4 * h_kv + (recompute_mlp ? 0.0 : 6.0 * m.ffn_hidden)) * hw.dtype_bytes / 2.0;
   logits_bytes_per_token_ = double(m.vocab_size) * (hw.dtype_bytes + 4.0);
   pre_attention_share_ = (h + 2 * h_kv) / (2 * h + 2 * h_kv + 3.0 * m.ffn_hidden);
-  const double q_row = double(m.q_heads) * m.head_dim() * hw.dtype_bytes;  // Q, O, dO, dQ
-  const double kv_row = 2 * h_kv * hw.dtype_bytes;                         // K and V
-  const double stat = 4.0 * m.q_heads;                                     // LSE or delta, fp32
-  const double fwd_out = q_row + kv_row, fwd_back = q_row + stat;
-  const double bwd_out = 2 * q_row + 2 * stat + kv_row, bwd_back = q_row + 2 * h_kv * 4.0;
   // The rank's heads: tensor parallelism splits them (K/V heads are
   // replicated when there are fewer than tp). Of the tables with the
   // model's head dimension, the rank's exact shape is best, then the
@@ -54,10 +49,6 @@ RankCosts::RankCosts(const ModelConfig& m, const HardwareProfile& hw, int tp, bo
     table_ = std::move(table);
     table_scale_ = pick->scale * double(rank_q) / pick->q_heads;
   }
-  // A rank's sent (or received) bytes are one side of the four exchanges:
-  // the dispatches on one side, the returns on the other.
-  largest_exchange_share_ =
-      std::max(std::max(fwd_out, bwd_out) / (fwd_out + bwd_out), std::max(fwd_back, bwd_back) / (fwd_back + bwd_back));
 }
 
 double RankCosts::AttentionForward(int64_t q_begin, int64_t q_end) const {

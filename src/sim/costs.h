@@ -130,13 +130,6 @@ class RankCosts {
   // (2h + 2 h_kv + 3 ffn). The rest (O projection, MLP) runs after it; the
   // backward pass runs them in the opposite order.
   double PreAttentionShare() const { return pre_attention_share_; }
-  // The largest share one of CAD's four all-to-alls (forward dispatch and
-  // return, backward dispatch and return) carries of the bytes a rank sends
-  // (or receives) in a layer, forward + backward, per moved query row with
-  // one K/V row: max(dispatch_bwd / (dispatch_fwd + dispatch_bwd), return_bwd
-  // / (return_fwd + return_bwd)); 0.66 for Llama-3-8B (the backward return
-  // with its fp32 dK/dV).
-  double LargestExchangeShare() const { return largest_exchange_share_; }
   // Backward / forward time of core attention (the profile's).
   double AttentionBackwardFactor() const { return hw_.attention_backward_factor; }
   int tp() const { return tp_; }
@@ -160,7 +153,7 @@ class RankCosts {
   double linear_flops_per_token_, head_flops_per_token_, attention_flops_per_pair_;
   double backward_linear_factor_, backward_collectives_factor_;
   double kv_bytes_per_token_, hidden_bytes_per_token_, activation_bytes_per_token_, logits_bytes_per_token_;
-  double pre_attention_share_, largest_exchange_share_;
+  double pre_attention_share_;
   double tp_comm_per_token_ = 0, tp_comm_latency_ = 0;  // per layer, forward (HardwareProfile::tp_collectives)
 };
 

@@ -125,6 +125,7 @@ TEST(StatsTest, HandCountedTraffic) {
       2 * 16 + 2 * 32};           // backward return: dQ; dK/dV in fp32
   const std::array<int64_t, kPlanExchanges> received0 = {2 * 16 + 2 * 16, 4 * (16 + 8), 2 * 2 * (16 + 8) + 2 * 16,
                                                          4 * 16 + 4 * 32};
+  EXPECT_EQ(s.traffic.max_exchange_bytes(), 4 * 2 * (16 + 8) + 4 * 16);  // rank 0's backward dispatch
   int64_t sum = 0;
   for (PlanExchange e : {PlanExchange::kForwardDispatch, PlanExchange::kForwardReturn, PlanExchange::kBackwardDispatch,
                          PlanExchange::kBackwardReturn}) {
@@ -336,6 +337,27 @@ TEST(PlannerTest, CommBudgetRaisesTolerance) {
   if (colocated.stats.traffic.max_rank_bytes() > 1) {
     o.comm_budget = 1;
     EXPECT_TRUE(Contains(BuildPlan(Skewed(), o, cost, &p), "below what the linear layout alone moves"));
+  }
+
+  // The same search with the budget on each exchange (a buffer that holds
+  // one all-to-all at a time).
+  o.budget_per_exchange = true;
+  o.comm_budget = (colocated.stats.traffic.max_exchange_bytes() + tight.stats.traffic.max_exchange_bytes()) / 2;
+  ASSERT_GT(tight.stats.traffic.max_exchange_bytes(), o.comm_budget);
+  ASSERT_TRUE(BuildPlan(Skewed(), o, cost, &p).ok());
+  EXPECT_TRUE(ValidatePlan(p, cost).ok());
+  EXPECT_GT(p.tolerance_used, 0.05);
+  EXPECT_LE(p.stats.traffic.max_exchange_bytes(), o.comm_budget);
+  // The step below does not fit.
+  PlanOptions below = o;
+  below.comm_budget = 0;
+  below.tolerance = p.tolerance_used - 0.05;
+  Plan q;
+  ASSERT_TRUE(BuildPlan(Skewed(), below, cost, &q).ok());
+  EXPECT_GT(q.stats.traffic.max_exchange_bytes(), o.comm_budget);
+  if (colocated.stats.traffic.max_exchange_bytes() > 1) {
+    o.comm_budget = 1;
+    EXPECT_TRUE(Contains(BuildPlan(Skewed(), o, cost, &p), "on the busiest rank in one exchange"));
   }
 }
 
