@@ -178,9 +178,9 @@ struct SimOptions {
   // passes only. Default: on
   bool grad_sync = true;
   double tolerance = 0.05;  // CAD: initial eps of the planner. Default: 0.05
-  // CAD: bytes any device may send or receive per plan (one layer, forward +
-  // backward; a rank's budget is tp times this, PlanOptions::comm_budget);
-  // 0 = unlimited. The buffer is allocated memory: CAD's memory counts it per
+  // CAD: bytes any device may send or receive in any one of a layer's four
+  // all-to-alls (a rank's budget is tp times this, PlanOptions::comm_budget
+  // with budget_per_exchange); 0 = unlimited. The buffer is allocated memory: CAD's memory counts it per
   // device (with 0, the largest per-layer send + receive). Default: 2 GB
   // (DistCA's NVSHMEM buffer)
   int64_t comm_budget = 2'000'000'000;
