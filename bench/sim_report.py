@@ -6,7 +6,7 @@ after any change to the simulator or a hardware profile.
 
 Usage: bench/sim_report.py [--bin build/bin/distca-sim] [--hardware FILE] [--out DIR]
 (relative paths are taken from the repository root). Needs only python3
-(Debian's) and a built distca-sim; takes about 60 s on 2 cores.
+(Debian's) and a built distca-sim; takes 30-50 s on 2 cores.
 """
 import argparse
 import csv
