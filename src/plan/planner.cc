@@ -105,27 +105,21 @@ Status PlanOnce(const PlanOptions& o, const CostModel& cost, double eps, Plan* p
   return Status::Ok();
 }
 
-}  // namespace
-
-Status BuildPlan(const std::vector<int64_t>& doc_lengths, const PlanOptions& o, const CostModel& cost, Plan* plan) {
-  if (plan == nullptr) return Status::InvalidArgument("plan is null");
-  DISTCA_RETURN_IF_ERROR(ValidateOptions(o));
-  std::vector<PlanDocument> documents;
-  DISTCA_RETURN_IF_ERROR(LinearLayout(doc_lengths, o.ranks, &documents));
-  return BuildPlanForLayout(std::move(documents), o, cost, plan);
-}
-
-Status BuildPlanForLayout(std::vector<PlanDocument> documents, const PlanOptions& o, const CostModel& cost,
-                          Plan* plan) {
-  if (plan == nullptr) return Status::InvalidArgument("plan is null");
-  DISTCA_RETURN_IF_ERROR(ValidateOptions(o));
+// A plan with o's shape and no documents yet.
+Plan EmptyPlan(const PlanOptions& o) {
   Plan p;
   p.ranks = o.ranks;
   p.dedicated_servers = o.dedicated_servers;
   p.block = o.block;
   p.policy = o.policy;
   p.model = o.model;
-  p.documents = std::move(documents);
+  return p;
+}
+
+// Checks a given layout's documents: lengths within the supported range,
+// their total within int64 (LinearLayout checks its own), pieces that
+// partition them on existing ranks.
+Status CheckGivenLayout(const Plan& p) {
   if (p.documents.empty()) return Status::InvalidArgument("the batch has no documents");
   int64_t total = 0;
   for (size_t d = 0; d < p.documents.size(); ++d) {
@@ -137,8 +131,11 @@ Status BuildPlanForLayout(std::vector<PlanDocument> documents, const PlanOptions
       return Status::OutOfRange("the batch's total token count overflows");
     total += std::max<int64_t>(len, 0);
   }
-  DISTCA_RETURN_IF_ERROR(plan::CheckLayout(p));
+  return plan::CheckLayout(p);
+}
 
+// Plans p.documents (already laid out and checked) with options o.
+Status PlanLayout(const PlanOptions& o, const CostModel& cost, Plan p, Plan* plan) {
   // The bytes the budget bounds: a rank's whole traffic, or its largest
   // single exchange.
   auto busiest = [&](const Plan& q) {
@@ -196,6 +193,26 @@ Status BuildPlanForLayout(std::vector<PlanDocument> documents, const PlanOptions
   }
   *plan = std::move(p);
   return Status::Ok();
+}
+
+}  // namespace
+
+Status BuildPlan(const std::vector<int64_t>& doc_lengths, const PlanOptions& o, const CostModel& cost, Plan* plan) {
+  if (plan == nullptr) return Status::InvalidArgument("plan is null");
+  DISTCA_RETURN_IF_ERROR(ValidateOptions(o));
+  Plan p = EmptyPlan(o);
+  DISTCA_RETURN_IF_ERROR(LinearLayout(doc_lengths, o.ranks, &p.documents));
+  return PlanLayout(o, cost, std::move(p), plan);
+}
+
+Status BuildPlanForLayout(std::vector<PlanDocument> documents, const PlanOptions& o, const CostModel& cost,
+                          Plan* plan) {
+  if (plan == nullptr) return Status::InvalidArgument("plan is null");
+  DISTCA_RETURN_IF_ERROR(ValidateOptions(o));
+  Plan p = EmptyPlan(o);
+  p.documents = std::move(documents);
+  DISTCA_RETURN_IF_ERROR(CheckGivenLayout(p));
+  return PlanLayout(o, cost, std::move(p), plan);
 }
 
 std::vector<PlanTask> MergeTouchingTasks(std::vector<PlanTask> tasks) {

@@ -87,7 +87,7 @@ Status ComputePlanStats(const Plan& plan, const CostModel& cost, PlanStats* stat
   });
   PlanTraffic& t = s.traffic;
   // `bytes` from `from` to `to` in exchange e.
-  auto move = [&t](PlanExchange e, int from, int to, int64_t bytes) {
+  auto add = [&t](PlanExchange e, int from, int to, int64_t bytes) {
     const int i = static_cast<int>(e);
     t.exchange_sent[i][from] += bytes;
     t.exchange_received[i][to] += bytes;
@@ -111,17 +111,17 @@ Status ComputePlanStats(const Plan& plan, const CostModel& cost, PlanStats* stat
       s.load[server] += cost.TaskCost(task.q_begin, task.q_end);
       kv_end = std::max(kv_end, task.q_end);
       ForeignRows(doc, server, task.q_begin, task.q_end, [&](int owner, int64_t rows) {
-        move(PlanExchange::kForwardDispatch, owner, server, rows * rates.q_row);                   // Q
-        move(PlanExchange::kForwardReturn, server, owner, rows * (rates.q_row + rates.stat_row));  // O, LSE
-        move(PlanExchange::kBackwardDispatch, owner, server,
-             rows * 2 * (rates.q_row + rates.stat_row));                         // Q, dO, LSE, delta
-        move(PlanExchange::kBackwardReturn, server, owner, rows * rates.q_row);  // dQ
+        add(PlanExchange::kForwardDispatch, owner, server, rows * rates.q_row);                   // Q
+        add(PlanExchange::kForwardReturn, server, owner, rows * (rates.q_row + rates.stat_row));  // O, LSE
+        add(PlanExchange::kBackwardDispatch, owner, server,
+            rows * 2 * (rates.q_row + rates.stat_row));                         // Q, dO, LSE, delta
+        add(PlanExchange::kBackwardReturn, server, owner, rows * rates.q_row);  // dQ
       });
     }
     ForeignRows(doc, server, 0, kv_end, [&](int owner, int64_t rows) {
-      move(PlanExchange::kForwardDispatch, owner, server, rows * rates.kv_row);
-      move(PlanExchange::kBackwardDispatch, owner, server, rows * rates.kv_row);
-      move(PlanExchange::kBackwardReturn, server, owner, rows * rates.dkv32_row);
+      add(PlanExchange::kForwardDispatch, owner, server, rows * rates.kv_row);
+      add(PlanExchange::kBackwardDispatch, owner, server, rows * rates.kv_row);
+      add(PlanExchange::kBackwardReturn, server, owner, rows * rates.dkv32_row);
     });
   }
   s.load_mean = std::accumulate(s.load.begin(), s.load.end(), 0.0) / servers;

@@ -25,9 +25,8 @@ namespace {
 
 // One planned nano-batch, costed per physical rank.
 struct NanoCost {
-  std::vector<double> tokens;          // tokens held (linear layout)
-  std::vector<double> attention;       // forward CA seconds of its tasks
-  std::vector<double> sent, received;  // bytes, forward + backward
+  std::vector<double> tokens;     // tokens held (linear layout)
+  std::vector<double> attention;  // forward CA seconds of its tasks
   // Bytes by all-to-all (index: PlanExchange), sent and received.
   std::array<std::vector<double>, kPlanExchanges> exchange_sent, exchange_received;
 };
@@ -157,8 +156,7 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
       parts.pop_back();
     }
     for (size_t a = 0; a < active.size(); ++a) {
-      int64_t wave_tokens = 0;
-      for (const auto& nano : parts) wave_tokens += Sum(nano[a]);
+      const int64_t wave_tokens = Sum(waves[tick - active[a]]);
       if (wave_tokens < G)
         return Status::InvalidArgument(
             fmt::format("tick {}: stage {} holds {} tokens for {} ranks: some rank would hold none (fewer "
@@ -180,8 +178,6 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
       NanoCost c;
       c.tokens.assign(total_ranks, 0.0);
       c.attention.assign(total_ranks, 0.0);
-      c.sent.assign(total_ranks, 0.0);
-      c.received.assign(total_ranks, 0.0);
       for (const PlanDocument& d : plan.documents)
         for (const PlanPiece& p : d.pieces) c.tokens[phys[p.rank]] += double(p.end - p.begin);
       // The server's varlen kernel runs touching tasks of a document as one
@@ -194,8 +190,6 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
         c.exchange_received[e].assign(total_ranks, 0.0);
       }
       for (size_t sv = 0; sv < phys.size(); ++sv) {
-        c.sent[phys[sv]] = double(tr.sent[sv]);
-        c.received[phys[sv]] = double(tr.received[sv]);
         for (int e = 0; e < kPlanExchanges; ++e) {
           c.exchange_sent[e][phys[sv]] = double(tr.exchange_sent[e][sv]);
           c.exchange_received[e][phys[sv]] = double(tr.exchange_received[e][sv]);
@@ -337,7 +331,8 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
 
     for (int r = 0; r < total_ranks; ++r) {
       double buffer = 0;
-      for (const NanoCost& c : costs) buffer += c.sent[r] + c.received[r];
+      for (const NanoCost& c : costs)
+        for (int e = 0; e < kPlanExchanges; ++e) buffer += c.exchange_sent[e][r] + c.exchange_received[e][r];
       held_max[r] = std::max(held_max[r], tick_tokens[r]);
       buffer_max[r] = std::max(buffer_max[r], buffer);
     }
