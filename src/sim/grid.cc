@@ -35,7 +35,8 @@ Status PaperGrid(std::string_view dims, std::vector<GridPoint>* points, const Gr
     int64_t length;
     std::vector<std::pair<int, int>> gpus_batch;
   };
-  // clang-format off: one row of the paper's table per line.
+  // One row of the paper's table per line.
+  // clang-format off
   const std::vector<Row> table3 = {
       {"llama3-8b", 128 * kK, {{64, 8}, {128, 16}, {256, 32}}},
       {"llama3-8b", 256 * kK, {{64, 4}, {128, 8}, {256, 16}}},
