@@ -109,6 +109,8 @@ int main(int argc, char** argv) {
       ->check(distca::cli::kNonNegative);
   app.add_flag("--budget-per-exchange", a.plan.budget_per_exchange,
                "--comm-budget bounds each of the four all-to-alls, not their sum (a buffer that holds one at a time)");
+  app.add_flag("--budget-counts-local", a.plan.budget_counts_local,
+               "with --budget-per-exchange: the rows a rank keeps for itself count too (DistCA's buffer stages them)");
   app.add_option("--cost-table", a.cost_table, "CSV q_len,kv_len,seconds: balance measured time instead of FLOPs")
       ->check(CLI::ExistingFile);
   app.add_flag("--json", a.json, "one JSON object per batch per line");
@@ -169,6 +171,7 @@ int main(int argc, char** argv) {
                                 {"comm_bytes_backward", st.traffic.backward_bytes},
                                 {"comm_bytes_max_rank", st.traffic.max_rank_bytes()},
                                 {"comm_bytes_max_exchange", st.traffic.max_exchange_bytes()},
+                                {"comm_bytes_max_exchange_with_local", st.traffic.max_exchange_bytes(true)},
                                 {"tasks", st.tasks},
                                 {"plan_ms", ms}};
       fmt::print("{}\n", j.dump());

@@ -346,7 +346,8 @@ int main(int argc, char** argv) {
                "not kept; the DistCA artifact's selective checkpointing)");
   app.add_option("--tolerance", o.tolerance, "CAD planner's initial eps (Default: 0.05)")->check(nonneg);
   app.add_option("--comm-budget", o.comm_budget,
-                 "CAD buffer: bytes a device may send or receive in one all-to-all, 0 = unlimited (Default: 2e9)")
+                 "CAD buffer: bytes a device may send or receive in one all-to-all, 0 = unlimited (Default: 2 GiB = "
+                 "2147483648)")
       ->check(nonneg);
   app.add_option("--threads", o.threads, "OpenMP threads over batches (Default: OMP_NUM_THREADS)")->check(pos);
   app.add_flag("--json", a.json, "one JSON object per strategy per line");

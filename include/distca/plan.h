@@ -102,6 +102,18 @@ struct PlanOptions {
   // receives in each of the four all-to-alls instead (a buffer that holds
   // one exchange at a time, as DistCA's). Default: false
   bool budget_per_exchange = false;
+  // With budget_per_exchange, the rows a rank keeps for itself count against
+  // the budget too (DistCA's NVSHMEM all-to-all stages them in its buffer:
+  // its overflow check sums whole rows of the send-size matrix, the rank's
+  // own entry included). Default: false (distca's runtime copies them
+  // directly)
+  bool budget_counts_local = false;
+  // When even the colocated plan (nothing moved) exceeds comm_budget, plan
+  // against what that plan needs instead of failing (DistCA's artifact then
+  // enlarges its buffer). The plan's own need is
+  // stats.traffic.max_exchange_bytes(budget_counts_local) (or max_rank_bytes).
+  // Default: false
+  bool budget_grows = false;
   PlanModel model;
 };
 
@@ -142,12 +154,17 @@ struct PlanTraffic {
   std::vector<int64_t> received;  // per server
   // The same bytes by exchange (index: PlanExchange), per server.
   std::array<std::vector<int64_t>, kPlanExchanges> exchange_sent, exchange_received;
+  // Per exchange and server, the bytes of the rows that stay on the server
+  // (it holds them itself): they never move, but a buffer that stages them
+  // too, as DistCA's all-to-all does, must hold them.
+  std::array<std::vector<int64_t>, kPlanExchanges> exchange_local;
   int64_t forward_bytes = 0;
   int64_t backward_bytes = 0;
   int64_t total_bytes() const { return forward_bytes + backward_bytes; }
   int64_t max_rank_bytes() const;  // max over servers of max(sent, received)
-  // Max over exchanges and servers of max(exchange_sent, exchange_received).
-  int64_t max_exchange_bytes() const;
+  // Max over exchanges and servers of max(exchange_sent, exchange_received),
+  // with with_local each plus the server's exchange_local.
+  int64_t max_exchange_bytes(bool with_local = false) const;
 };
 
 struct PlanStats {

@@ -180,10 +180,12 @@ struct SimOptions {
   double tolerance = 0.05;  // CAD: initial eps of the planner. Default: 0.05
   // CAD: bytes any device may send or receive in any one of a layer's four
   // all-to-alls (a rank's budget is tp times this, PlanOptions::comm_budget
-  // with budget_per_exchange); 0 = unlimited. The buffer is allocated memory: CAD's memory counts it per
-  // device (with 0, the largest per-layer send + receive). Default: 2 GB
-  // (DistCA's NVSHMEM buffer)
-  int64_t comm_budget = 2'000'000'000;
+  // with budget_per_exchange; distca-paper's also holds the rows a rank
+  // keeps, as DistCA's does); 0 = unlimited. The buffer is allocated
+  // memory: CAD's memory counts it per device (with 0, the largest
+  // per-layer send + receive). Default: 2 GiB (DistCA's NVSHMEM buffer:
+  // EXPERIMENT_NVSHMEM_BUFFER_SIZE_GB=2, multiplied by 1024^3)
+  int64_t comm_budget = int64_t{2} << 30;
   int threads = 0;  // OpenMP threads over batches; 0 = OMP_NUM_THREADS. Default: 0
 };
 

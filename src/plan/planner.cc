@@ -61,6 +61,8 @@ Status ValidateOptions(const PlanOptions& o) {
     return Status::InvalidArgument(fmt::format("tolerance must be a finite number >= 0, got {}", o.tolerance));
   if (o.block <= 0) return Status::InvalidArgument(fmt::format("block must be positive, got {}", o.block));
   if (o.comm_budget < 0) return Status::InvalidArgument(fmt::format("comm budget must be >= 0, got {}", o.comm_budget));
+  if (o.budget_counts_local && !o.budget_per_exchange)
+    return Status::InvalidArgument("budget_counts_local bounds single exchanges: it needs budget_per_exchange");
   const PlanModel& m = o.model;
   if (m.q_heads <= 0 || m.kv_heads <= 0 || m.head_dim <= 0 || m.dtype_bytes <= 0)
     return Status::InvalidArgument(
@@ -139,7 +141,8 @@ Status PlanLayout(const PlanOptions& o, const CostModel& cost, Plan p, Plan* pla
   // The bytes the budget bounds: a rank's whole traffic, or its largest
   // single exchange.
   auto busiest = [&](const Plan& q) {
-    return o.budget_per_exchange ? q.stats.traffic.max_exchange_bytes() : q.stats.traffic.max_rank_bytes();
+    return o.budget_per_exchange ? q.stats.traffic.max_exchange_bytes(o.budget_counts_local)
+                                 : q.stats.traffic.max_rank_bytes();
   };
   double eps = o.tolerance;
   DISTCA_RETURN_IF_ERROR(PlanOnce(o, cost, eps, &p));
@@ -153,11 +156,16 @@ Status PlanLayout(const PlanOptions& o, const CostModel& cost, Plan p, Plan* pla
     co.policy = PlanPolicy::kColocated;
     DISTCA_RETURN_IF_ERROR(PlanOnce(co, cost, 0.0, &colocated));
     const double eps_max = std::max(colocated.stats.max_over_mean() - 1.0, 1.0 - colocated.stats.min_over_mean());
-    if (busiest(colocated) > o.comm_budget)
+    int64_t budget = o.comm_budget;
+    if (busiest(colocated) > budget && o.budget_grows) budget = busiest(colocated);
+    if (busiest(colocated) > budget)
       return Status::InvalidArgument(
           fmt::format("comm budget {} bytes is below what the linear layout alone moves "
                       "({} bytes on the busiest rank{})",
-                      o.comm_budget, busiest(colocated), o.budget_per_exchange ? " in one exchange" : ""));
+                      o.comm_budget, busiest(colocated),
+                      o.budget_per_exchange
+                          ? (o.budget_counts_local ? " in one exchange, its own rows included" : " in one exchange")
+                          : ""));
     // eps runs over tolerance + 0.05 k: step by step up to kStepByStep (the
     // first step that fits), then galloping (k doubles) to a step that fits
     // and bisection between it and the last one that did not, which finds a
@@ -167,7 +175,7 @@ Status PlanLayout(const PlanOptions& o, const CostModel& cost, Plan p, Plan* pla
     // documents spread over many idle servers (pipeline bubbles): eps in the
     // tens, hundreds of steps.
     constexpr int64_t kStepByStep = 20;
-    auto fits = [&](const Plan& q) { return busiest(q) <= o.comm_budget; };
+    auto fits = [&](const Plan& q) { return busiest(q) <= budget; };
     auto at_step = [&](int64_t k) { return o.tolerance + 0.05 * double(k); };
     int64_t fail = 0, fit = 1;
     for (;; fit = fit < kStepByStep ? fit + 1 : 2 * fit) {

@@ -27,24 +27,26 @@ int64_t PlanTraffic::max_rank_bytes() const {
   return m;
 }
 
-int64_t PlanTraffic::max_exchange_bytes() const {
+int64_t PlanTraffic::max_exchange_bytes(bool with_local) const {
   int64_t m = 0;
   for (int e = 0; e < kPlanExchanges; ++e)
-    for (size_t i = 0; i < exchange_sent[e].size(); ++i)
-      m = std::max({m, exchange_sent[e][i], exchange_received[e][i]});
+    for (size_t i = 0; i < exchange_sent[e].size(); ++i) {
+      const int64_t own = with_local ? exchange_local[e][i] : 0;
+      m = std::max({m, exchange_sent[e][i] + own, exchange_received[e][i] + own});
+    }
   return m;
 }
 
 namespace {
 
-// Rows of [a, b) of `doc` that `server` does not hold, by owning rank:
-// calls fn(owner, rows) for each piece overlapping [a, b) held elsewhere.
+// Rows of [a, b) of `doc` by owning rank: calls fn(owner, rows) for each
+// piece overlapping [a, b).
 template <class Fn>
-void ForeignRows(const PlanDocument& doc, int server, int64_t a, int64_t b, Fn&& fn) {
+void RowsByOwner(const PlanDocument& doc, int64_t a, int64_t b, Fn&& fn) {
   for (const PlanPiece& p : doc.pieces) {
     const int64_t lo = std::max(a, p.begin);
     const int64_t hi = std::min(b, p.end);
-    if (lo < hi && p.rank != server) fn(p.rank, hi - lo);
+    if (lo < hi) fn(p.rank, hi - lo);
   }
 }
 
@@ -73,6 +75,7 @@ Status ComputePlanStats(const Plan& plan, const CostModel& cost, PlanStats* stat
   for (int e = 0; e < kPlanExchanges; ++e) {
     s.traffic.exchange_sent[e].assign(servers, 0);
     s.traffic.exchange_received[e].assign(servers, 0);
+    s.traffic.exchange_local[e].assign(servers, 0);
   }
   s.tasks = static_cast<int64_t>(plan.tasks.size());
   const plan::ByteRates rates = plan::ByteRatesFor(plan.model);
@@ -86,9 +89,14 @@ Status ComputePlanStats(const Plan& plan, const CostModel& cost, PlanStats* stat
     return a.doc != b.doc ? a.doc < b.doc : (a.server != b.server ? a.server < b.server : a.q_begin < b.q_begin);
   });
   PlanTraffic& t = s.traffic;
-  // `bytes` from `from` to `to` in exchange e.
+  // `bytes` from `from` to `to` in exchange e; rows a server holds itself
+  // do not move and are only counted as local.
   auto add = [&t](PlanExchange e, int from, int to, int64_t bytes) {
     const int i = static_cast<int>(e);
+    if (from == to) {
+      t.exchange_local[i][from] += bytes;
+      return;
+    }
     t.exchange_sent[i][from] += bytes;
     t.exchange_received[i][to] += bytes;
     t.sent[from] += bytes;
@@ -110,7 +118,7 @@ Status ComputePlanStats(const Plan& plan, const CostModel& cost, PlanStats* stat
       const PlanTask& task = plan.tasks[order[i]];
       s.load[server] += cost.TaskCost(task.q_begin, task.q_end);
       kv_end = std::max(kv_end, task.q_end);
-      ForeignRows(doc, server, task.q_begin, task.q_end, [&](int owner, int64_t rows) {
+      RowsByOwner(doc, task.q_begin, task.q_end, [&](int owner, int64_t rows) {
         add(PlanExchange::kForwardDispatch, owner, server, rows * rates.q_row);                   // Q
         add(PlanExchange::kForwardReturn, server, owner, rows * (rates.q_row + rates.stat_row));  // O, LSE
         add(PlanExchange::kBackwardDispatch, owner, server,
@@ -118,7 +126,7 @@ Status ComputePlanStats(const Plan& plan, const CostModel& cost, PlanStats* stat
         add(PlanExchange::kBackwardReturn, server, owner, rows * rates.q_row);  // dQ
       });
     }
-    ForeignRows(doc, server, 0, kv_end, [&](int owner, int64_t rows) {
+    RowsByOwner(doc, 0, kv_end, [&](int owner, int64_t rows) {
       add(PlanExchange::kForwardDispatch, owner, server, rows * rates.kv_row);
       add(PlanExchange::kBackwardDispatch, owner, server, rows * rates.kv_row);
       add(PlanExchange::kBackwardReturn, server, owner, rows * rates.dkv32_row);

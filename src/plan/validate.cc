@@ -116,7 +116,8 @@ Status ValidateWithLayout(const Plan& plan, const CostModel& cost, bool even) {
   const PlanTraffic& a = own.traffic;
   const PlanTraffic& b = fresh.traffic;
   if (a.forward_bytes != b.forward_bytes || a.backward_bytes != b.backward_bytes || a.sent != b.sent ||
-      a.received != b.received || a.exchange_sent != b.exchange_sent || a.exchange_received != b.exchange_received)
+      a.received != b.received || a.exchange_sent != b.exchange_sent || a.exchange_received != b.exchange_received ||
+      a.exchange_local != b.exchange_local)
     return Status::InvalidArgument(fmt::format("plan traffic ({} + {} bytes) differs from the recomputed ({} + {})",
                                                a.forward_bytes, a.backward_bytes, b.forward_bytes, b.backward_bytes));
   if (!SameLoad(own.load_max, fresh.load_max) || !SameLoad(own.load_min, fresh.load_min) ||

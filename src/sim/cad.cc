@@ -111,12 +111,17 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
   const double budget = double(opt.comm_budget) * opt.tp;
   base.comm_budget = colocated ? 0 : budget >= 9e18 ? int64_t{9'000'000'000'000'000'000} : int64_t(budget);
   base.budget_per_exchange = true;
+  base.budget_counts_local = variant.artifact_buffer;
+  base.budget_grows = variant.artifact_buffer;
   base.model = {opt.model.q_heads, opt.model.kv_heads, opt.model.head_dim(), opt.hardware.dtype_bytes};
   const CostModel flops = CostModel::Flops(base.model);
 
   BatchOutcome o;
   o.busy_s.assign(total_ranks, 0.0);
   std::vector<double> held_max(total_ranks, 0.0), buffer_max(total_ranks, 0.0);
+  // The largest exchange any plan needs the buffer to hold (DistCA's: own
+  // rows included); beyond the budget only where the budget grew.
+  double buffer_need = 0;
 
   for (int tick = 0; tick < m + P - 1; ++tick) {
     std::vector<int> active, idle;
@@ -195,6 +200,7 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
           c.exchange_received[e][phys[sv]] = double(tr.exchange_received[e][sv]);
         }
       }
+      buffer_need = std::max(buffer_need, double(tr.max_exchange_bytes(base.budget_counts_local)));
       costs.push_back(std::move(c));
       o.tolerance_sum += plan.tolerance_used;
       ++o.plans;
@@ -341,8 +347,9 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
   // Activations: a stage holds at most min(P - s, m) micro-batches at once
   // (1F1B order within the aligned ticks). Buffers: with a comm budget, the
   // allocated buffer of comm_budget bytes per device (DistCA's NVSHMEM
-  // region); otherwise, and for colocated, the largest per-layer send +
-  // receive of the rank.
+  // region, the same on every rank: enlarged where a plan needed more);
+  // otherwise, and for colocated, the largest per-layer send + receive of
+  // the rank.
   const bool fixed_buffer = !colocated && opt.comm_budget > 0;
   o.memory_bytes.assign(total_ranks, 0.0);
   for (int s = 0; s < P; ++s) {
@@ -355,7 +362,7 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
         mem.activation_tokens = held_max[r] * std::min(P - s, m) * ctx.stage_layers;
         if (s == P - 1) mem.logits_tokens = held_max[r];  // the logits of its largest wave
       }
-      mem.buffer_bytes = fixed_buffer ? double(opt.comm_budget) * opt.tp : buffer_max[r];
+      mem.buffer_bytes = fixed_buffer ? std::max(double(opt.comm_budget) * opt.tp, buffer_need) : buffer_max[r];
       o.memory_bytes[r] = DeviceMemoryBytes(k, mem);
       o.max_buffer_bytes = std::max(o.max_buffer_bytes, buffer_max[r] / opt.tp);
     }

@@ -138,6 +138,11 @@ struct CadVariant {
   // linear work is its tokens, and a pipeline stage can only work on its own
   // wave.
   bool balanced_waves = false;
+  // DistCA's NVSHMEM buffer: it also stages the rows a rank keeps for itself
+  // (PlanOptions::budget_counts_local), and when even the colocated plan
+  // overflows it, it is enlarged to fit (budget_grows; memory counts the
+  // enlarged buffer).
+  bool artifact_buffer = false;
 };
 // Waves of G / c_min chunks, L / c_min tokens per rank (with micro_batches
 // = m: m waves, B L / (m G) tokens per rank).

@@ -1,5 +1,6 @@
 // distca-paper: CAD as published (DistCA): the `paper` planner policy over the
-// pooled ranks, eps raised from 0.05 until the 2 GB buffer fits, ping-pong,
+// pooled ranks, eps raised from 0.05 until the 2 GiB buffer (which also
+// stages a rank's own rows; enlarged where nothing else fits) fits, ping-pong,
 // and pipeline bubbles that run dummy micro-batches (real linear work) while
 // serving attention.
 #include "sim/strategy.h"
@@ -10,6 +11,7 @@ Status SimulateDistcaPaper(const SimContext& ctx, const std::vector<int64_t>& ba
   CadVariant v;
   v.policy = PlanPolicy::kPaper;
   v.dummy_bubble_work = true;
+  v.artifact_buffer = true;
   return SimulateCad(ctx, batch, cp, v, out);
 }
 

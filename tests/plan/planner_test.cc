@@ -138,6 +138,17 @@ TEST(StatsTest, HandCountedTraffic) {
     sum += sent0[at(e)];
   }
   EXPECT_EQ(sum, s.traffic.sent[0]);
+  // Rows that stay: server 1 holds doc 0 [4, 6) itself, 2 query rows and 2
+  // K/V rows; server 0 holds nothing it serves.
+  const std::array<int64_t, kPlanExchanges> local1 = {2 * 16 + 2 * 16, 2 * (16 + 8), 2 * 2 * (16 + 8) + 2 * 16,
+                                                      2 * 16 + 2 * 32};
+  for (int e = 0; e < kPlanExchanges; ++e) {
+    EXPECT_EQ(s.traffic.exchange_local[e][0], 0);
+    EXPECT_EQ(s.traffic.exchange_local[e][1], local1[e]);
+  }
+  // With them, the largest is server 1's backward dispatch: rank 0's 4 rows
+  // in, plus its own 2.
+  EXPECT_EQ(s.traffic.max_exchange_bytes(true), 4 * 2 * (16 + 8) + 4 * 16 + local1[2]);
   EXPECT_DOUBLE_EQ(s.load[1], 32.0 * CausalPairs(0, 6));  // 4 * D * Hq = 32 FLOPs per pair
   EXPECT_DOUBLE_EQ(s.load[0], 32.0 * CausalPairs(0, 2));
   EXPECT_EQ(s.tasks, 3);
@@ -359,6 +370,35 @@ TEST(PlannerTest, CommBudgetRaisesTolerance) {
     o.comm_budget = 1;
     EXPECT_TRUE(Contains(BuildPlan(Skewed(), o, cost, &p), "on the busiest rank in one exchange"));
   }
+
+  // A buffer that also stages the rows a rank keeps (DistCA's): the same
+  // search on the larger counts.
+  o.budget_counts_local = true;
+  const int64_t colocated_need = colocated.stats.traffic.max_exchange_bytes(true);
+  const int64_t tight_need = tight.stats.traffic.max_exchange_bytes(true);
+  ASSERT_GT(tight_need, colocated_need);
+  o.comm_budget = (colocated_need + tight_need) / 2;
+  ASSERT_TRUE(BuildPlan(Skewed(), o, cost, &p).ok());
+  EXPECT_TRUE(ValidatePlan(p, cost).ok());
+  EXPECT_GT(p.tolerance_used, 0.05);
+  EXPECT_LE(p.stats.traffic.max_exchange_bytes(true), o.comm_budget);
+  below = o;
+  below.comm_budget = 0;
+  below.tolerance = p.tolerance_used - 0.05;
+  ASSERT_TRUE(BuildPlan(Skewed(), below, cost, &q).ok());
+  EXPECT_GT(q.stats.traffic.max_exchange_bytes(true), o.comm_budget);
+  // Below what the layout alone needs: an error, or, with budget_grows, a
+  // plan within the colocated plan's need.
+  o.comm_budget = colocated_need - 1;
+  EXPECT_TRUE(Contains(BuildPlan(Skewed(), o, cost, &p), "in one exchange, its own rows included"));
+  o.budget_grows = true;
+  ASSERT_TRUE(BuildPlan(Skewed(), o, cost, &p).ok());
+  EXPECT_TRUE(ValidatePlan(p, cost).ok());
+  EXPECT_LE(p.stats.traffic.max_exchange_bytes(true), colocated_need);
+  EXPECT_GT(p.tolerance_used, 0.05);
+  // It only counts single exchanges.
+  o.budget_per_exchange = false;
+  EXPECT_TRUE(Contains(BuildPlan(Skewed(), o, cost, &p), "needs budget_per_exchange"));
 }
 
 // The budget search (galloping, then bisection over steps of 0.05) lands on

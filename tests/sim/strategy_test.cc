@@ -537,6 +537,39 @@ TEST(CadTest, CMinIsTheSmallestDegreeWhoseTokensFit) {
   }
 }
 
+TEST(CadTest, PaperBufferStagesOwnRowsAndGrowsWhereNothingFits) {
+  // The setting of CMinIsTheSmallestDegreeWhoseTokensFit at c = 1 (memory
+  // ample): one wave of two 1024 documents, one nano-batch each, every
+  // document laid out over both ranks. A 1-byte buffer holds nothing, not
+  // even the layout's own rows: distca fails; distca-paper, like DistCA's
+  // artifact, plans as if the buffer were as large as the colocated plan
+  // needs and allocates what its plans need (same on every rank).
+  SimOptions o = TestOptions();
+  o.comm_budget = 1;
+  o.hardware.attention_efficiency = {{1.0, 1.0}};
+  std::vector<SimResult> results;
+  const Status failed = Simulate(o, {{1024, 1024}}, {SimStrategy::kDistca}, &results);
+  EXPECT_NE(failed.ToString().find("below what the linear layout alone moves"), std::string::npos) << failed.ToString();
+  const SimResult r = SimulateOne(o, {{1024, 1024}}, SimStrategy::kDistcaPaper);
+  EXPECT_EQ(r.cp, 1);
+  std::vector<std::vector<int>> nanos;
+  ASSERT_TRUE(SplitNanoBatches({1024, 1024}, 2, &nanos).ok());
+  ASSERT_EQ(nanos.size(), 2u);
+  PlanOptions po;
+  po.ranks = 2;
+  po.policy = PlanPolicy::kPaper;
+  po.model = {4, 2, 16, 2};
+  po.comm_budget = 2;  // 1 byte x tp 2
+  po.budget_per_exchange = po.budget_counts_local = po.budget_grows = true;
+  Plan plan;  // both nano-batches are this one document
+  ASSERT_TRUE(BuildPlan({1024}, po, CostModel::Flops(po.model), &plan).ok());
+  const int64_t need = plan.stats.traffic.max_exchange_bytes(true);
+  ASSERT_GT(need, 2);
+  const double params = double(ParameterCount(o.model));
+  const double want = (params * 6 + params * 12 / 2 + 1024.0 * 2 * 1664 + 1024.0 * 1536 + double(need)) / 2;
+  EXPECT_NEAR(r.memory_max_bytes, want, want * kRel);
+}
+
 TEST(CadTest, NominalMemoryTakesTheLargerOfTheFirstAndLastStage) {
   // 4 devices, tp 2, pp 2: one rank per stage, one layer each, B = 2 chunks
   // of 1024: at c = 1 two waves of 1024 tokens a rank. The first stage holds
