@@ -78,6 +78,21 @@ def grid_table(grid):
               f"{float(m['speedup']):.3f} ({m['cp']}) | {cad(p)} | {cad(d)} |")
 
 
+def artifact_buffer_gib(row):
+    """The NVSHMEM buffer the artifact's 3D large-scale sweep
+    (benchmarks/_250830_large_scale_v3) gives a configuration instead of 2 GB:
+    on 8 and 16 nodes 4 / 8 / 16 GB at 128K / 256K / 512K, on 32 nodes 16 GB."""
+    L, nodes = int(row["max_doc_len"]) // K, int(row["gpus"]) // 8
+    return 16 if nodes >= 32 else {128: 4, 256: 8, 512: 16}[L]
+
+
+def grid_with_artifact_buffers(sim, out, name, *args):
+    """The 3D grid, each configuration run with artifact_buffer_gib."""
+    by_budget = {gib: configs(sim.grid("3d", os.path.join(out, f"{name}-{gib}"), "--comm-budget", str(gib << 30),
+                                       *args)[0]) for gib in (4, 8, 16)}
+    return {n: by_budget[artifact_buffer_gib(next(iter(s.values())))][n] for n, s in by_budget[4].items()}
+
+
 def speedups(grid, strategy, model):
     return [float(s[strategy]["speedup"]) for n, s in grid.items() if s[strategy]["model"] == model]
 
@@ -130,6 +145,19 @@ def main():
         print(f"- {key}: bytes {span(ratio('bytes_moved_gb'))}x, buffer {span(ratio('max_buffer_gb'))}x, "
               f"speed {span(speed)}x ({sum(1 for v in speed if v > 1)} of {len(speed)} faster)")
 
+    print("\n## 3D with the artifact's large-scale buffer sizes (4 / 8 / 16 GiB by L on 8-16 nodes, 16 on 32)\n")
+    picked = grid_with_artifact_buffers(sim, out, "3d-buffer")
+    for name, s in grids["3d"].items():
+        p, d = picked[name]["distca-paper"], picked[name]["distca"]
+        print(f"- {name} ({artifact_buffer_gib(s['wlb-ideal'])} GiB): distca-paper {float(p['speedup']):.3f}x "
+              f"(eps {float(p['tolerance_used']):.2f}, {float(p['memory_max_gb']):.1f} GB), distca "
+              f"{float(d['speedup']):.3f}x (2 GiB: {float(s['distca-paper']['speedup']):.3f}x / "
+              f"{float(s['distca']['speedup']):.3f}x)")
+    for model in ("llama3-8b", "llama-34b"):
+        for strategy in ("distca-paper", "distca"):
+            v = speedups(picked, strategy, model)
+            print(f"- {model} {strategy}: {span(v)}x, {in_range(v, 1.07, 1.20)} of {len(v)} in 1.07-1.20")
+
     print("\n## 4D, pp searched per strategy (--search --tp 8; each strategy's best shape against wlb-ideal's)\n")
     start = time.perf_counter()
     pp1 = {"wlb-ideal": 0, "distca-paper": 0, "distca": 0}
@@ -176,6 +204,15 @@ def main():
                 for n in slow:
                     if n.endswith(" 64") or n.endswith(" 128"):
                         print(f"    - {n}: {100 * slow[n]:.1f}%")
+    on = picked
+    off = grid_with_artifact_buffers(sim, out, "3d-buffer-no-ping-pong", "--no-ping-pong",
+                                     "--strategies", "distca-paper")
+    abl = {n: float(off[n]["distca-paper"]["iteration_s"]) / float(on[n]["distca-paper"]["iteration_s"]) - 1
+           for n in on if n.endswith(" 64") or n.endswith(" 128")}
+    v = list(abl.values())
+    print(f"- the ablation configurations with the artifact's buffer sizes: {100 * min(v):.1f}-{100 * max(v):.1f}% "
+          f"(median {100 * statistics.median(v):.1f}%), {in_range(v, 0.10, 0.17, 5e-4)} of {len(v)} in 10-17%; "
+          + ", ".join(f"{n} {100 * x:.1f}%" for n, x in abl.items()))
 
     print("\n## Idle of variable-length chunking (8B, 512K, 8 nodes, B = 8; paper 1.7 (DP 1) / ~2 / 19.2 / 55.4%, DistCA 2.1%)\n")
     for cp, dp in (("8", 1), ("4", 2), ("2", 4), ("1", 8)):
@@ -185,6 +222,12 @@ def main():
             "--strategies", "wlb-ideal,distca-paper,distca")}
         print(f"- DP {dp}: wlb-ideal idle {100 * res['wlb-ideal']['idle_fraction']:.1f}%, distca-paper "
               f"{100 * res['distca-paper']['idle_fraction']:.1f}%, distca {100 * res['distca']['idle_fraction']:.1f}%")
+    res = {r["strategy"]: r for r in sim.json(
+        "--model", "llama3-8b", "--gpus", "64", "--max-doc-len", str(512 * K), "--batch-size", "8",
+        "--micro-batches", "1", "--recompute-mlp", "--elongate", "8", "--comm-budget", str(16 << 30),
+        "--strategies", "distca-paper,distca")}
+    print(f"- with the artifact's 16 GiB buffer for 512K on 8 nodes: distca-paper "
+          f"{100 * res['distca-paper']['idle_fraction']:.1f}%, distca {100 * res['distca']['idle_fraction']:.1f}%")
 
     print("\n## Tolerance sweep (128K; 8B on 64 GPUs, B 8; 34B on 128 GPUs, B 4): iteration s / max buffer GB\n")
     for model, gpus, b in (("llama3-8b", "64", "8"), ("llama-34b", "128", "4")):
