@@ -26,12 +26,26 @@
 
 namespace distca {
 
-// Model shape, for FLOP and byte counts.
+// What the four all-to-alls carry per row (see PlanExchange):
+//   kDistca          this project's runtime: the backward dispatch sends Q,
+//                    dO, LSE and delta (O stays with its owner), partial
+//                    dK/dV return in fp32.
+//   kDistcaArtifact  the published DistCA's (its resend-QKV mode, which its
+//                    pipeline schedule requires and its later sweeps run
+//                    throughout): the backward dispatch sends Q, O, dO and
+//                    LSE, dK/dV return in the model's dtype. The simulator
+//                    costs distca-paper with it; the runtime sends kDistca.
+enum class PlanWire { kDistca, kDistcaArtifact };
+const char* PlanWireName(PlanWire wire);
+Status ParsePlanWire(std::string_view name, PlanWire* wire);
+
+// Model shape and wire format, for FLOP and byte counts.
 struct PlanModel {
   int q_heads = 32;     // Hq. Default: Llama-3-8B
   int kv_heads = 8;     // Hkv
   int head_dim = 128;   // D
   int dtype_bytes = 2;  // bytes per Q/K/V/O element: 2 for bf16 (GPU), 4 for fp32 (CPU)
+  PlanWire wire = PlanWire::kDistca;
 };
 
 // Causal (query, key) pairs of query rows [q_begin, q_end) with KV [0, q_end):
@@ -141,7 +155,9 @@ struct PlanTask {
 //             server -> owner: O rows and their LSE (fp32)
 //   backward  owner -> server: Q, dO, LSE and delta (fp32) rows; K/V as forward
 //             server -> owner: dQ rows; partial dK/dV rows in fp32
-// Nothing moves for rows the server holds itself.
+// (with PlanWire::kDistcaArtifact the backward dispatch carries Q, O, dO and
+// LSE rows, and dK/dV return in the model's dtype). Nothing moves for rows
+// the server holds itself.
 //
 // A layer runs four all-to-alls, in this order: the forward dispatch (Q, K/V
 // to the servers) and return (O, LSE), the backward dispatch (Q, dO, LSE,

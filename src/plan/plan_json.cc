@@ -21,7 +21,8 @@ std::string PlanToJson(const Plan& plan) {
   j["model"] = {{"q_heads", plan.model.q_heads},
                 {"kv_heads", plan.model.kv_heads},
                 {"head_dim", plan.model.head_dim},
-                {"dtype_bytes", plan.model.dtype_bytes}};
+                {"dtype_bytes", plan.model.dtype_bytes},
+                {"wire", PlanWireName(plan.model.wire)}};
   nlohmann::json docs = nlohmann::json::array();
   for (size_t d = 0; d < plan.documents.size(); ++d) {
     nlohmann::json pieces = nlohmann::json::array();
@@ -94,6 +95,10 @@ Status PlanFromJson(std::string_view text, Plan* plan) {
     DISTCA_RETURN_IF_ERROR(ReadInt(m, "kv_heads", "plan.model", &p.model.kv_heads, 1, 1 << 12));
     DISTCA_RETURN_IF_ERROR(ReadInt(m, "head_dim", "plan.model", &p.model.head_dim, 1, 1 << 12));
     DISTCA_RETURN_IF_ERROR(ReadInt(m, "dtype_bytes", "plan.model", &p.model.dtype_bytes, 1, 16));
+    if (m.contains("wire")) {
+      if (!m["wire"].is_string()) return Status::InvalidArgument("plan.model: \"wire\" must be a string");
+      DISTCA_RETURN_IF_ERROR(ParsePlanWire(m["wire"].get<std::string>(), &p.model.wire));
+    }
   }
   const nlohmann::json* docs = nullptr;
   DISTCA_RETURN_IF_ERROR(ReadArray(j, "documents", "plan", &docs));

@@ -31,6 +31,26 @@ Status ParsePlanPolicy(std::string_view name, PlanPolicy* policy) {
   return Status::InvalidArgument(fmt::format("unknown policy '{}' (expected colocated, paper or distca)", name));
 }
 
+const char* PlanWireName(PlanWire wire) {
+  switch (wire) {
+    case PlanWire::kDistca:
+      return "distca";
+    case PlanWire::kDistcaArtifact:
+      return "distca-artifact";
+  }
+  return "unknown";
+}
+
+Status ParsePlanWire(std::string_view name, PlanWire* wire) {
+  for (PlanWire w : {PlanWire::kDistca, PlanWire::kDistcaArtifact}) {
+    if (name == PlanWireName(w)) {
+      *wire = w;
+      return Status::Ok();
+    }
+  }
+  return Status::InvalidArgument(fmt::format("unknown wire format '{}' (expected distca or distca-artifact)", name));
+}
+
 namespace plan {
 
 Status PlanColocated(const CostModel& cost, Plan* plan, std::vector<double>* loads) {

@@ -1,6 +1,7 @@
 // Internals shared by the planner's files: byte rates and the policies.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -8,19 +9,17 @@
 
 namespace distca::plan {
 
-// Bytes per row of each kind that the runtime moves (docs/planner.md).
+// Bytes per query row and per K/V row that each exchange (index:
+// PlanExchange) moves for a row its server does not hold, in the model's
+// wire format (docs/planner.md).
 struct ByteRates {
-  int64_t q_row = 0;      // a Q, O, dO or dQ row: Hq * D * dtype
-  int64_t kv_row = 0;     // a K+V row pair: 2 * Hkv * D * dtype
-  int64_t stat_row = 0;   // an LSE or delta row: Hq * 4 (fp32)
-  int64_t dkv32_row = 0;  // a partial dK+dV row pair in fp32: 2 * Hkv * D * 4
+  std::array<int64_t, kPlanExchanges> q{};   // per query row
+  std::array<int64_t, kPlanExchanges> kv{};  // per K/V row (K and V), once per (document, server)
 
-  // Forward + backward bytes for one query row a server does not hold:
-  // Q there, O + LSE back; Q + dO + LSE + delta there, dQ back.
-  int64_t QueryRowRoundTrip() const { return 5 * q_row + 3 * stat_row; }
-  // Forward + backward bytes for one K/V row a server does not hold:
-  // K/V there twice, partial dK/dV back.
-  int64_t KvRowRoundTrip() const { return 2 * kv_row + dkv32_row; }
+  // Forward + backward bytes for one query row a server does not hold.
+  int64_t QueryRowRoundTrip() const { return q[0] + q[1] + q[2] + q[3]; }
+  // Forward + backward bytes for one K/V row a server does not hold.
+  int64_t KvRowRoundTrip() const { return kv[0] + kv[1] + kv[2] + kv[3]; }
 };
 
 ByteRates ByteRatesFor(const PlanModel& model);

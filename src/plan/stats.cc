@@ -11,11 +11,15 @@ namespace distca {
 namespace plan {
 
 ByteRates ByteRatesFor(const PlanModel& m) {
+  const int64_t row = int64_t{m.q_heads} * m.head_dim * m.dtype_bytes;      // Q, O, dO or dQ
+  const int64_t kv = 2 * int64_t{m.kv_heads} * m.head_dim * m.dtype_bytes;  // K and V
+  const int64_t stat = int64_t{m.q_heads} * 4;                              // LSE or delta, fp32
+  const bool ours = m.wire == PlanWire::kDistca;
   ByteRates r;
-  r.q_row = int64_t{m.q_heads} * m.head_dim * m.dtype_bytes;
-  r.kv_row = 2 * int64_t{m.kv_heads} * m.head_dim * m.dtype_bytes;
-  r.stat_row = int64_t{m.q_heads} * 4;
-  r.dkv32_row = 2 * int64_t{m.kv_heads} * m.head_dim * 4;
+  // Forward dispatch Q, K/V; return O, LSE. Backward dispatch Q, dO, LSE,
+  // delta (artifact: Q, O, dO, LSE), K/V; return dQ, dK/dV (ours in fp32).
+  r.q = {row, row + stat, ours ? 2 * (row + stat) : 3 * row + stat, row};
+  r.kv = {kv, 0, kv, ours ? 2 * int64_t{m.kv_heads} * m.head_dim * 4 : kv};
   return r;
 }
 
@@ -119,17 +123,16 @@ Status ComputePlanStats(const Plan& plan, const CostModel& cost, PlanStats* stat
       s.load[server] += cost.TaskCost(task.q_begin, task.q_end);
       kv_end = std::max(kv_end, task.q_end);
       RowsByOwner(doc, task.q_begin, task.q_end, [&](int owner, int64_t rows) {
-        add(PlanExchange::kForwardDispatch, owner, server, rows * rates.q_row);                   // Q
-        add(PlanExchange::kForwardReturn, server, owner, rows * (rates.q_row + rates.stat_row));  // O, LSE
-        add(PlanExchange::kBackwardDispatch, owner, server,
-            rows * 2 * (rates.q_row + rates.stat_row));                         // Q, dO, LSE, delta
-        add(PlanExchange::kBackwardReturn, server, owner, rows * rates.q_row);  // dQ
+        add(PlanExchange::kForwardDispatch, owner, server, rows * rates.q[0]);
+        add(PlanExchange::kForwardReturn, server, owner, rows * rates.q[1]);
+        add(PlanExchange::kBackwardDispatch, owner, server, rows * rates.q[2]);
+        add(PlanExchange::kBackwardReturn, server, owner, rows * rates.q[3]);
       });
     }
     RowsByOwner(doc, 0, kv_end, [&](int owner, int64_t rows) {
-      add(PlanExchange::kForwardDispatch, owner, server, rows * rates.kv_row);
-      add(PlanExchange::kBackwardDispatch, owner, server, rows * rates.kv_row);
-      add(PlanExchange::kBackwardReturn, server, owner, rows * rates.dkv32_row);
+      add(PlanExchange::kForwardDispatch, owner, server, rows * rates.kv[0]);
+      add(PlanExchange::kBackwardDispatch, owner, server, rows * rates.kv[2]);
+      add(PlanExchange::kBackwardReturn, server, owner, rows * rates.kv[3]);
     });
   }
   s.load_mean = std::accumulate(s.load.begin(), s.load.end(), 0.0) / servers;

@@ -188,6 +188,9 @@ Status AttentionDispatcher::Create(const Plan& plan, int rank, const DispatchOpt
   if (out == nullptr) return Status::InvalidArgument("out is null");
   if (rank < 0 || rank >= plan.servers())
     return Status::InvalidArgument(fmt::format("rank {} is not in the plan's {} servers", rank, plan.servers()));
+  if (plan.model.wire != PlanWire::kDistca)
+    return Status::InvalidArgument(fmt::format("the plan is costed for the '{}' wire format; this runtime sends '{}'",
+                                               PlanWireName(plan.model.wire), PlanWireName(PlanWire::kDistca)));
   if (o.q_heads <= 0 || o.kv_heads <= 0 || o.head_dim <= 0 || o.q_heads % o.kv_heads != 0)
     return Status::InvalidArgument(
         fmt::format("bad head shape: q_heads {}, kv_heads {}, head_dim {}", o.q_heads, o.kv_heads, o.head_dim));

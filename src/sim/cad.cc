@@ -113,7 +113,7 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
   base.budget_per_exchange = true;
   base.budget_counts_local = variant.artifact_buffer;
   base.budget_grows = variant.artifact_buffer;
-  base.model = {opt.model.q_heads, opt.model.kv_heads, opt.model.head_dim(), opt.hardware.dtype_bytes};
+  base.model = {opt.model.q_heads, opt.model.kv_heads, opt.model.head_dim(), opt.hardware.dtype_bytes, variant.wire};
   const CostModel flops = CostModel::Flops(base.model);
 
   BatchOutcome o;

@@ -143,6 +143,8 @@ struct CadVariant {
   // overflows it, it is enlarged to fit (budget_grows; memory counts the
   // enlarged buffer).
   bool artifact_buffer = false;
+  // The bytes each all-to-all carries per row (PlanModel::wire).
+  PlanWire wire = PlanWire::kDistca;
 };
 // Waves of G / c_min chunks, L / c_min tokens per rank (with micro_batches
 // = m: m waves, B L / (m G) tokens per rank).

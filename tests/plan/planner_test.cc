@@ -154,6 +154,32 @@ TEST(StatsTest, HandCountedTraffic) {
   EXPECT_EQ(s.tasks, 3);
 }
 
+TEST(StatsTest, HandCountedTrafficInDistcasArtifactFormat) {
+  // The hand plan above, with the published DistCA's rows: its backward
+  // dispatch carries Q, O, dO and LSE (3 * 16 + 8 B) and its dK/dV return in
+  // bf16 (16 B); the rest as this project's runtime.
+  Plan p = HandPlan();
+  p.model.wire = PlanWire::kDistcaArtifact;
+  PlanStats s;
+  ASSERT_TRUE(ComputePlanStats(p, CostModel::Flops(p.model), &s).ok());
+  const std::array<int64_t, kPlanExchanges> sent0 = {4 * 16 + 4 * 16, 2 * (16 + 8), 4 * (3 * 16 + 8) + 4 * 16,
+                                                     2 * 16 + 2 * 16};
+  const std::array<int64_t, kPlanExchanges> received0 = {2 * 16 + 2 * 16, 4 * (16 + 8), 2 * (3 * 16 + 8) + 2 * 16,
+                                                         4 * 16 + 4 * 16};
+  const std::array<int64_t, kPlanExchanges> local1 = {2 * 16 + 2 * 16, 2 * (16 + 8), 2 * (3 * 16 + 8) + 2 * 16,
+                                                      2 * 16 + 2 * 16};
+  for (int e = 0; e < kPlanExchanges; ++e) {
+    SCOPED_TRACE(e);
+    EXPECT_EQ(s.traffic.exchange_sent[e][0], sent0[e]);
+    EXPECT_EQ(s.traffic.exchange_received[e][0], received0[e]);
+    EXPECT_EQ(s.traffic.exchange_sent[e][1], received0[e]);
+    EXPECT_EQ(s.traffic.exchange_received[e][1], sent0[e]);
+    EXPECT_EQ(s.traffic.exchange_local[e][1], local1[e]);
+  }
+  EXPECT_EQ(s.traffic.forward_bytes, 6 * (16 + 16 + 8) + 6 * 16);
+  EXPECT_EQ(s.traffic.backward_bytes, 6 * (3 * 16 + 8 + 16) + 6 * (16 + 16));
+}
+
 TEST(ValidateTest, AcceptsTheHandPlanAndCatchesEveryBreak) {
   const CostModel cost = CostModel::Flops(HandPlan().model);
   auto validated = [&](Plan p) {
@@ -214,6 +240,18 @@ TEST(JsonTest, RoundTripAndErrors) {
   EXPECT_EQ(q.tasks.size(), p.tasks.size());
   EXPECT_EQ(q.stats.traffic.total_bytes(), p.stats.traffic.total_bytes());
   EXPECT_EQ(q.policy, PlanPolicy::kDistca);
+  EXPECT_EQ(q.model.wire, PlanWire::kDistca);
+  // The wire format survives the round trip, and sets the bytes.
+  p.model.wire = PlanWire::kDistcaArtifact;
+  ASSERT_TRUE(ComputePlanStats(p, cost, &p.stats).ok());
+  ASSERT_TRUE(PlanFromJson(PlanToJson(p), &q).ok());
+  EXPECT_EQ(q.model.wire, PlanWire::kDistcaArtifact);
+  ASSERT_TRUE(ComputePlanStats(q, cost, &q.stats).ok());
+  EXPECT_EQ(q.stats.traffic.total_bytes(), p.stats.traffic.total_bytes());
+  EXPECT_TRUE(Contains(PlanFromJson(R"({"ranks": 1, "model": {"q_heads": 4, "kv_heads": 2, "head_dim": 8,
+                                        "dtype_bytes": 2, "wire": "nccl"}, "documents": [], "tasks": []})",
+                                    &q),
+                       "unknown wire format 'nccl'"));
 
   EXPECT_TRUE(Contains(PlanFromJson("{", &q), "not valid JSON"));
   EXPECT_TRUE(Contains(PlanFromJson("[1]", &q), "object"));

@@ -119,6 +119,12 @@ TEST(DispatcherErrorsTest, RejectsBadArguments) {
   EXPECT_EQ(AttentionDispatcher::Create(plan, 0, o, &d).code(), StatusCode::kInvalidArgument);
   o.kv_heads = 2;
   EXPECT_EQ(AttentionDispatcher::Create(plan, 5, o, &d).code(), StatusCode::kInvalidArgument);
+  // A plan costed for the published DistCA's wire format is not what this
+  // runtime sends.
+  Plan artifact = plan;
+  artifact.model.wire = PlanWire::kDistcaArtifact;
+  const Status wrong_wire = AttentionDispatcher::Create(artifact, 0, o, &d);
+  EXPECT_NE(wrong_wire.ToString().find("wire format"), std::string::npos) << wrong_wire.ToString();
   ASSERT_TRUE(AttentionDispatcher::Create(plan, 0, o, &d).ok());
   // A comm of the wrong size is refused, not deadlocked on.
   CommOptions co;

@@ -381,7 +381,8 @@ double PlannedIteration(const SimOptions& o, const std::vector<int64_t>& docs, P
       po.ranks = 2;
       po.policy = policy;
       po.tolerance = o.tolerance;
-      po.model = {4, 2, 16, 2};
+      // distca-paper (the paper policy) is costed with DistCA's wire format.
+      po.model = {4, 2, 16, 2, policy == PlanPolicy::kPaper ? PlanWire::kDistcaArtifact : PlanWire::kDistca};
       Plan plan;
       EXPECT_TRUE(BuildPlan(nano, po, CostModel::Flops(po.model), &plan).ok());
       const PlanTraffic& t = plan.stats.traffic;
@@ -558,7 +559,7 @@ TEST(CadTest, PaperBufferStagesOwnRowsAndGrowsWhereNothingFits) {
   PlanOptions po;
   po.ranks = 2;
   po.policy = PlanPolicy::kPaper;
-  po.model = {4, 2, 16, 2};
+  po.model = {4, 2, 16, 2, PlanWire::kDistcaArtifact};
   po.comm_budget = 2;  // 1 byte x tp 2
   po.budget_per_exchange = po.budget_counts_local = po.budget_grows = true;
   Plan plan;  // both nano-batches are this one document
