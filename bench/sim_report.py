@@ -144,6 +144,20 @@ def main():
         speed = [float(s["distca"]["speedup"]) / float(s["distca-paper"]["speedup"]) for s in g]
         print(f"- {key}: bytes {span(ratio('bytes_moved_gb'))}x, buffer {span(ratio('max_buffer_gb'))}x, "
               f"speed {span(speed)}x ({sum(1 for v in speed if v > 1)} of {len(speed)} faster)")
+    # Each strategy runs its own wire format (distca-paper DistCA's, distca
+    # this runtime's); with the same for both, the planners alone differ.
+    for wire in ("distca-artifact", "distca"):
+        for key in ("3d", "4d"):
+            rows, _ = sim.grid(key, os.path.join(out, f"{key}-wire-{wire}"), "--wire", wire,
+                               "--strategies", "wlb-ideal,distca-paper,distca")
+            g = configs(rows).values()
+            speed = [float(s["distca"]["speedup"]) / float(s["distca-paper"]["speedup"]) for s in g]
+            moved = [float(s["distca"]["bytes_moved_gb"]) / float(s["distca-paper"]["bytes_moved_gb"]) for s in g]
+            own = [float(s["distca"]["speedup"]) / float(grids[key][n]["distca"]["speedup"])
+                   for n, s in configs(rows).items()]
+            print(f"- {key}, both with the {wire} wire format: bytes {span(moved)}x, speed {span(speed)}x "
+                  f"({sum(1 for v in speed if v > 1)} of {len(speed)} faster); distca against its own format "
+                  f"{span(own)}x")
 
     print("\n## 3D with the artifact's large-scale buffer sizes (4 / 8 / 16 GiB by L on 8-16 nodes, 16 on 32)\n")
     picked = grid_with_artifact_buffers(sim, out, "3d-buffer")

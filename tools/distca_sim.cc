@@ -35,7 +35,7 @@ struct Args {
   distca::cli::ModelFlags model{"llama3-8b"};
   std::string hardware = "configs/hardware/h200-dgx.json";
   std::string lengths, docs_file, strategies = "wlb-ideal,megatron,distca-paper,distca";
-  std::string paper_grid, out_dir, wlb_scope = "per-micro-batch";
+  std::string paper_grid, out_dir, wlb_scope = "per-micro-batch", wire;
   distca::WorkloadRecipe recipe;
   distca::GridRecipe grid_recipe;
   SimOptions sim;
@@ -77,6 +77,7 @@ nlohmann::json ToJson(const SimOptions& o, const SimResult& r) {
           {"micro_batches", o.micro_batches},
           {"recompute_mlp", o.recompute_mlp},
           {"wlb_scope", distca::WlbScopeName(o.wlb_scope)},
+          {"wire", o.cad_wire ? distca::PlanWireName(*o.cad_wire) : "default"},
           {"tolerance", o.tolerance},
           {"iteration_s", r.iteration_s},
           {"tokens_per_s", r.tokens_per_s},
@@ -333,6 +334,9 @@ int main(int argc, char** argv) {
   app.add_option("--servers", o.dedicated_servers, "distca: dedicated attention servers per stage (Default: 0)")
       ->check(nonneg);
   app.add_flag("--no-ping-pong", a.no_ping_pong, "CAD without nano-batch overlap");
+  app.add_option("--wire", a.wire,
+                 "bytes per row of CAD's all-to-alls, for every strategy that plans: distca (this runtime's) or "
+                 "distca-artifact (DistCA's); default: distca-paper DistCA's, the others this runtime's");
   app.add_flag("--no-distributed-optimizer", a.no_distributed_optimizer,
                "replicate the fp32 master weights and Adam moments on every data-parallel rank (default: sharded, "
                "Megatron-LM's distributed optimizer)");
@@ -377,6 +381,12 @@ int main(int argc, char** argv) {
   o.distributed_optimizer = !a.no_distributed_optimizer;
   s = distca::ParseWlbScope(a.wlb_scope, &o.wlb_scope);
   if (!s.ok()) return Fail(s.message());
+  if (!a.wire.empty()) {
+    distca::PlanWire wire;
+    s = distca::ParsePlanWire(a.wire, &wire);
+    if (!s.ok()) return Fail(s.message());
+    o.cad_wire = wire;
+  }
   if (app.count("--wlb-scope") > 0 && o.micro_batches == 0 && a.paper_grid.empty())
     return Fail("--wlb-scope applies with --micro-batches (or --paper-grid)");
   std::vector<distca::SimStrategy> strategies;

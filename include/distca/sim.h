@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "distca/model.h"
+#include "distca/plan.h"
 #include "distca/status.h"
 
 namespace distca {
@@ -165,6 +166,11 @@ struct SimOptions {
   // CAD: two nano-batches overlapping compute and traffic; off: one plan per
   // wave, its traffic exposed (distca-train --ping-pong off). Default: on
   bool ping_pong = true;
+  // The bytes per row CAD's all-to-alls carry, for every strategy that
+  // plans (PlanModel::wire); unset: each its own, distca-paper DistCA's
+  // (kDistcaArtifact), distca and colocated this runtime's (kDistca).
+  // Default: unset
+  std::optional<PlanWire> cad_wire;
   // Megatron-LM's distributed optimizer: the fp32 master weights and Adam's
   // moments (12 bytes a parameter) sharded over the stage's G ranks (DP x
   // CP); off: replicated on every rank. Default: on

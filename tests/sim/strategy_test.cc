@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <optional>
 #include <string>
 
 #include "distca/plan.h"
@@ -381,8 +382,10 @@ double PlannedIteration(const SimOptions& o, const std::vector<int64_t>& docs, P
       po.ranks = 2;
       po.policy = policy;
       po.tolerance = o.tolerance;
-      // distca-paper (the paper policy) is costed with DistCA's wire format.
-      po.model = {4, 2, 16, 2, policy == PlanPolicy::kPaper ? PlanWire::kDistcaArtifact : PlanWire::kDistca};
+      // distca-paper (the paper policy) is costed with DistCA's wire format
+      // unless the options name one for all.
+      po.model = {4, 2, 16, 2,
+                  o.cad_wire.value_or(policy == PlanPolicy::kPaper ? PlanWire::kDistcaArtifact : PlanWire::kDistca)};
       Plan plan;
       EXPECT_TRUE(BuildPlan(nano, po, CostModel::Flops(po.model), &plan).ok());
       const PlanTraffic& t = plan.stats.traffic;
@@ -432,36 +435,47 @@ TEST(CadTest, CostsThePlannersTasksAndTraffic) {
   o.comm_budget = 0;
   o.hardware.attention_efficiency = {{1.0, 1.0}};
   const std::vector<int64_t> docs = {1024, 256, 256, 256, 256};
-  // 1 layer (no steady boundary), 2 and 3; with and without the TP collectives.
-  for (int layers : {1, 2, 3}) {
-    for (bool collectives : {false, true}) {
-      o.model.num_layers = layers;
-      o.hardware.tp_collectives = collectives;
-      for (bool ping_pong : {true, false}) {
-        o.ping_pong = ping_pong;
-        for (SimStrategy s : {SimStrategy::kDistca, SimStrategy::kDistcaPaper}) {
-          const std::string what = std::string(SimStrategyName(s)) + ", " + std::to_string(layers) +
-                                   " layers, collectives " + std::to_string(collectives) + ", ping-pong " +
-                                   std::to_string(ping_pong);
-          const PlanPolicy policy = s == SimStrategy::kDistca ? PlanPolicy::kDistca : PlanPolicy::kPaper;
-          double bytes = 0, steady = 0;
-          const double want = PlannedIteration(o, docs, policy, ping_pong, &bytes, 1024, &steady);
-          ASSERT_GT(bytes, 0) << what;
-          // Fill and drain only add; without the collectives' extra cover
-          // this case exposes traffic at the pass's ends, so they show.
-          if (ping_pong) {
-            EXPECT_GE(want, steady) << what;
-            if (!collectives) {
-              EXPECT_GT(want, steady * (1 + 1e-3)) << what;
+  // 1 layer (no steady boundary), 2 and 3; with and without the TP
+  // collectives; each strategy's own wire format, and both forced.
+  for (std::optional<PlanWire> wire : {std::optional<PlanWire>(), std::optional<PlanWire>(PlanWire::kDistca),
+                                       std::optional<PlanWire>(PlanWire::kDistcaArtifact)}) {
+    for (int layers : {1, 2, 3}) {
+      o.cad_wire = wire;
+      for (bool collectives : {false, true}) {
+        o.model.num_layers = layers;
+        o.hardware.tp_collectives = collectives;
+        for (bool ping_pong : {true, false}) {
+          o.ping_pong = ping_pong;
+          for (SimStrategy s : {SimStrategy::kDistca, SimStrategy::kDistcaPaper}) {
+            const std::string what = std::string(SimStrategyName(s)) + ", " + std::to_string(layers) +
+                                     " layers, collectives " + std::to_string(collectives) + ", ping-pong " +
+                                     std::to_string(ping_pong) + ", wire " + (wire ? PlanWireName(*wire) : "default");
+            const PlanPolicy policy = s == SimStrategy::kDistca ? PlanPolicy::kDistca : PlanPolicy::kPaper;
+            double bytes = 0, steady = 0;
+            const double want = PlannedIteration(o, docs, policy, ping_pong, &bytes, 1024, &steady);
+            ASSERT_GT(bytes, 0) << what;
+            // Fill and drain only add; without the collectives' extra cover
+            // this case exposes traffic at the pass's ends, so they show.
+            if (ping_pong) {
+              EXPECT_GE(want, steady) << what;
+              if (!collectives) {
+                EXPECT_GT(want, steady * (1 + 1e-3)) << what;
+              }
             }
+            const SimResult r = SimulateOne(o, {docs}, s);
+            EXPECT_NEAR(r.iteration_s, want, want * kRel) << what;
+            EXPECT_DOUBLE_EQ(r.bytes_moved, bytes) << what;
           }
-          const SimResult r = SimulateOne(o, {docs}, s);
-          EXPECT_NEAR(r.iteration_s, want, want * kRel) << what;
-          EXPECT_DOUBLE_EQ(r.bytes_moved, bytes) << what;
         }
       }
     }
   }
+  // The wire format changes the bytes (here the backward's: O instead of
+  // delta, bf16 instead of fp32 dK/dV).
+  o.cad_wire = PlanWire::kDistca;
+  const double ours = SimulateOne(o, {docs}, SimStrategy::kDistca).bytes_moved;
+  o.cad_wire = PlanWire::kDistcaArtifact;
+  EXPECT_NE(SimulateOne(o, {docs}, SimStrategy::kDistca).bytes_moved, ours);
 }
 
 TEST(ColocatedTest, LaterRankFetchesTheKvPrefixOfACutDocument) {
