@@ -4,52 +4,29 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <utility>
 
+#include "common/enum_names.h"
 #include "plan/planner_internal.h"
 
 namespace distca {
 
-const char* PlanPolicyName(PlanPolicy policy) {
-  switch (policy) {
-    case PlanPolicy::kColocated:
-      return "colocated";
-    case PlanPolicy::kPaper:
-      return "paper";
-    case PlanPolicy::kDistca:
-      return "distca";
-  }
-  return "unknown";
-}
+namespace {
+constexpr std::pair<PlanPolicy, const char*> kPolicies[] = {
+    {PlanPolicy::kColocated, "colocated"}, {PlanPolicy::kPaper, "paper"}, {PlanPolicy::kDistca, "distca"}};
+constexpr std::pair<PlanWire, const char*> kWires[] = {{PlanWire::kDistca, "distca"},
+                                                       {PlanWire::kDistcaArtifact, "distca-artifact"}};
+}  // namespace
+
+const char* PlanPolicyName(PlanPolicy policy) { return EnumName(kPolicies, policy); }
 
 Status ParsePlanPolicy(std::string_view name, PlanPolicy* policy) {
-  for (PlanPolicy p : {PlanPolicy::kColocated, PlanPolicy::kPaper, PlanPolicy::kDistca}) {
-    if (name == PlanPolicyName(p)) {
-      *policy = p;
-      return Status::Ok();
-    }
-  }
-  return Status::InvalidArgument(fmt::format("unknown policy '{}' (expected colocated, paper or distca)", name));
+  return ParseEnumName(kPolicies, name, "policy", policy);
 }
 
-const char* PlanWireName(PlanWire wire) {
-  switch (wire) {
-    case PlanWire::kDistca:
-      return "distca";
-    case PlanWire::kDistcaArtifact:
-      return "distca-artifact";
-  }
-  return "unknown";
-}
+const char* PlanWireName(PlanWire wire) { return EnumName(kWires, wire); }
 
-Status ParsePlanWire(std::string_view name, PlanWire* wire) {
-  for (PlanWire w : {PlanWire::kDistca, PlanWire::kDistcaArtifact}) {
-    if (name == PlanWireName(w)) {
-      *wire = w;
-      return Status::Ok();
-    }
-  }
-  return Status::InvalidArgument(fmt::format("unknown wire format '{}' (expected distca or distca-artifact)", name));
-}
+Status ParsePlanWire(std::string_view name, PlanWire* wire) { return ParseEnumName(kWires, name, "wire format", wire); }
 
 namespace plan {
 

@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "common/cpu_features.h"
+#include "common/enum_names.h"
 #include "sim/strategy.h"
 
 namespace distca {
@@ -165,23 +166,10 @@ constexpr std::pair<WlbScope, const char*> kWlbScopes[] = {
 };
 }  // namespace
 
-const char* WlbScopeName(WlbScope scope) {
-  for (const auto& [s, name] : kWlbScopes)
-    if (s == scope) return name;
-  return "?";
-}
+const char* WlbScopeName(WlbScope scope) { return EnumName(kWlbScopes, scope); }
 
 Status ParseWlbScope(std::string_view name, WlbScope* scope) {
-  for (const auto& [s, n] : kWlbScopes) {
-    if (name == n) {
-      *scope = s;
-      return Status::Ok();
-    }
-  }
-  return Status::InvalidArgument(
-      fmt::format("unknown wlb-ideal balancing scope '{}' (expected per-micro-batch, whole-batch or "
-                  "whole-batch-artifact-cap)",
-                  name));
+  return ParseEnumName(kWlbScopes, name, "wlb-ideal balancing scope", scope);
 }
 
 Status ParseSimStrategies(std::string_view list, std::vector<SimStrategy>* strategies) {
