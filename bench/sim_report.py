@@ -234,7 +234,11 @@ def main():
             "--model", "llama3-8b", "--gpus", "64", "--max-doc-len", str(512 * K), "--batch-size", "8",
             "--micro-batches", "1", "--recompute-mlp", "--elongate", "8", "--cp", cp,
             "--strategies", "wlb-ideal,distca-paper,distca")}
-        print(f"- DP {dp}: wlb-ideal idle {100 * res['wlb-ideal']['idle_fraction']:.1f}%, distca-paper "
+        per_batch = sorted(res["wlb-ideal"]["idle_per_batch"])
+        deciles = statistics.quantiles(per_batch, n=10)
+        print(f"- DP {dp}: wlb-ideal idle {100 * res['wlb-ideal']['idle_fraction']:.1f}% (per batch: "
+              f"{100 * per_batch[0]:.0f}-{100 * per_batch[-1]:.0f}%, 10th-90th percentile "
+              f"{100 * deciles[0]:.0f}-{100 * deciles[-1]:.0f}%), distca-paper "
               f"{100 * res['distca-paper']['idle_fraction']:.1f}%, distca {100 * res['distca']['idle_fraction']:.1f}%")
     res = {r["strategy"]: r for r in sim.json(
         "--model", "llama3-8b", "--gpus", "64", "--max-doc-len", str(512 * K), "--batch-size", "8",

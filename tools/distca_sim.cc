@@ -98,7 +98,8 @@ nlohmann::json ToJson(const SimOptions& o, const SimResult& r) {
             {"backward_attention", b.backward_attention_s},
             {"forward_comm", b.forward_comm_s},
             {"backward_comm", b.backward_comm_s}}},
-          {"iteration_per_batch_s", r.iteration_per_batch}};
+          {"iteration_per_batch_s", r.iteration_per_batch},
+          {"idle_per_batch", r.idle_per_batch}};
 }
 
 bool IsCad(distca::SimStrategy s) {

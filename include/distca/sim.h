@@ -230,6 +230,7 @@ struct SimResult {
   double grad_sync_s = 0;
   SimBreakdown breakdown;  // mean over batches
   std::vector<double> iteration_per_batch;
+  std::vector<double> idle_per_batch;  // idle_fraction of each batch; their mean is idle_fraction
 };
 
 // Limits that keep a simulation finite in time and memory (every batch is

@@ -77,7 +77,8 @@ SimResult Summarize(const SimOptions& o, SimStrategy id, int cp, const std::vect
     r.iteration_s += b.iteration_s / n;
     double idle = 0;
     for (double busy : b.busy_s) idle += b.iteration_s > 0 ? (b.iteration_s - busy) / b.iteration_s : 0.0;
-    r.idle_fraction += idle / double(std::max<size_t>(1, b.busy_s.size())) / n;
+    r.idle_per_batch.push_back(idle / double(std::max<size_t>(1, b.busy_s.size())));
+    r.idle_fraction += r.idle_per_batch.back() / n;
     for (double mem : b.memory_bytes) {
       r.memory_max_bytes = std::max(r.memory_max_bytes, mem);
       memory_sum += mem;

@@ -835,6 +835,14 @@ TEST(SimulateTest, SpeedupIsOverWlbIdeal) {
   EXPECT_DOUBLE_EQ(results[0].speedup, 1.0);
   EXPECT_DOUBLE_EQ(results[1].speedup, results[0].iteration_s / results[1].iteration_s);
   EXPECT_EQ(results[0].iteration_per_batch.size(), 2u);
+  for (const SimResult& r : results) {
+    ASSERT_EQ(r.idle_per_batch.size(), 2u);
+    EXPECT_DOUBLE_EQ(r.idle_fraction, (r.idle_per_batch[0] + r.idle_per_batch[1]) / 2);
+  }
+  // The second batch (two equal documents on two ranks) leaves megatron no
+  // idle time; the first (1024 beside 512 + 512) does.
+  EXPECT_DOUBLE_EQ(results[1].idle_per_batch[1], 0.0);
+  EXPECT_GT(results[1].idle_per_batch[0], 0.0);
 }
 
 TEST(SimulateTest, RejectsBadOptionsAndBatches) {
