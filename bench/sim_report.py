@@ -4,7 +4,7 @@ prints the tables and ranges that docs/simulator.md ("Results") and
 docs/performance.md ("Simulator") record, so that they can be regenerated
 after any change to the simulator or a hardware profile.
 
-Usage: bench/sim_report.py [--bin build/bin/distca-sim] [--hardware FILE] [--out DIR]
+Usage: bench/sim_report.py [--bin build/bin/distca-sim] [--hardware FILE] [--out DIR] [--seeds N]
 (relative paths are taken from the repository root). Needs only python3
 (Debian's) and a built distca-sim; takes 30-50 s on 2 cores.
 """
@@ -102,6 +102,8 @@ def main():
     ap.add_argument("--bin", default="build/bin/distca-sim")
     ap.add_argument("--hardware", default="", help="profile (default: distca-sim's, h200-dgx)")
     ap.add_argument("--out", default="", help="keep the grids' CSV and charts here")
+    ap.add_argument("--seeds", type=int, default=1,
+                    help="also run the grids with seeds 1..N-1 and print each configuration's spread (default 1: seed 0 only)")
     a = ap.parse_args()
     at_root = lambda p: p if not p or os.path.isabs(p) else os.path.join(ROOT, p)
     sim = Sim(at_root(a.bin), at_root(a.hardware))
@@ -135,6 +137,22 @@ def main():
             for strategy in ("distca-paper", "distca"):
                 v = speedups(grids[key], strategy, model)
                 print(f"- {model} {strategy}: {span(v)}x, {in_range(v, lo, hi)} of {len(v)} in {lo:.2f}-{hi:.2f}")
+
+    if a.seeds > 1:
+        print(f"\n## Sampling: distca-paper's speedup over seeds 0-{a.seeds - 1} (30 batches each)\n")
+        for which, lo8, hi8, lo34, hi34 in (("3d", 1.07, 1.20, 1.07, 1.20), ("4d", 1.15, 1.30, 0.0, 1.15)):
+            runs = [grids[which]] + [configs(sim.grid(which, os.path.join(out, f"{which}-seed{seed}"), "--seed",
+                                                      str(seed), "--strategies", "wlb-ideal,distca-paper")[0])
+                                     for seed in range(1, a.seeds)]
+            spread, inside = [], 0
+            for name, s in grids[which].items():
+                v = [float(r[name]["distca-paper"]["speedup"]) for r in runs]
+                lo, hi = (lo8, hi8) if s["wlb-ideal"]["model"] == "llama3-8b" else (lo34, hi34)
+                spread.append(max(v) - min(v))
+                inside += in_range([max(v)], lo, hi) > 0 or in_range([min(v)], lo, hi) > 0
+                print(f"- {which} {name}: {min(v):.3f}-{max(v):.3f}")
+            print(f"- {which}: spread {min(spread):.3f}-{max(spread):.3f} (median {statistics.median(spread):.3f}); "
+                  f"{inside} of {len(spread)} configurations reach their range at some seed")
 
     print("\n## distca vs distca-paper (same grid)\n")
     for key in ("3d", "4d"):
