@@ -35,7 +35,7 @@ int64_t PlanTraffic::max_exchange_bytes(bool with_local) const {
   int64_t m = 0;
   for (int e = 0; e < kPlanExchanges; ++e)
     for (size_t i = 0; i < exchange_sent[e].size(); ++i) {
-      const int64_t own = with_local ? exchange_local[e][i] : 0;
+      const int64_t own = with_local && i < exchange_local[e].size() ? exchange_local[e][i] : 0;
       m = std::max({m, exchange_sent[e][i] + own, exchange_received[e][i] + own});
     }
   return m;
