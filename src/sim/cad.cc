@@ -80,9 +80,10 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
   const int total_ranks = P * stride;
   const double rank_tokens = ctx.CadRankTokens(c_min);  // per rank and wave, nominal
 
-  // Waves, each split into two nano-batches with ping-pong (a wave of one
-  // document cannot be split: documents stay whole, so it runs as one); with
-  // ping-pong off, and for colocated, one plan per wave, as distca-train runs.
+  // Waves, each split into two nano-batches with ping-pong (balanced, or its
+  // halves in order; a wave of one document cannot be split: documents stay
+  // whole, so it runs as one); with ping-pong off, and for colocated, one
+  // plan per wave, as distca-train runs.
   const std::vector<std::vector<int64_t>> waves =
       variant.balanced_waves ? BalanceWaves(batch, m)
                              : SplitIntoWaves(batch, m, std::max<int64_t>(1, int64_t(rank_tokens * G + 0.5)));
@@ -90,6 +91,10 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
   for (int w = 0; w < m; ++w) {
     if (waves[w].size() < 2 || !opt.ping_pong || colocated) {
       nanos[w] = {waves[w]};
+      continue;
+    }
+    if (!variant.balanced_nano_batches) {
+      nanos[w] = SplitIntoWaves(waves[w], 2, (Sum(waves[w]) + 1) / 2);
       continue;
     }
     std::vector<std::vector<int>> index;

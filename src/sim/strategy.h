@@ -138,6 +138,11 @@ struct CadVariant {
   // linear work is its tokens, and a pipeline stage can only work on its own
   // wave.
   bool balanced_waves = false;
+  // A wave's two ping-pong nano-batches balanced in tokens and attention
+  // (SplitNanoBatches); off: its first and second halves in order, as
+  // DistCA's artifact splits ping and pong (EXPERIMENT_D2_BALANCE_PING_PONG
+  // defaults to 0).
+  bool balanced_nano_batches = true;
   // DistCA's NVSHMEM buffer: it also stages the rows a rank keeps for itself
   // (PlanOptions::budget_counts_local), and when even the colocated plan
   // overflows it, it is enlarged to fit (budget_grows; memory counts the

@@ -1,8 +1,8 @@
 // distca-paper: CAD as published (DistCA): its wire format, the `paper`
 // planner policy over the pooled ranks, eps raised from 0.05 until the 2 GiB
 // buffer (which also stages a rank's own rows; enlarged where nothing else
-// fits) fits, ping-pong, and pipeline bubbles that run dummy micro-batches
-// (real linear work) while serving attention.
+// fits) fits, ping-pong over a wave's halves in order, and pipeline bubbles
+// that run dummy micro-batches (real linear work) while serving attention.
 #include "sim/strategy.h"
 
 namespace distca::sim {
@@ -13,6 +13,7 @@ Status SimulateDistcaPaper(const SimContext& ctx, const std::vector<int64_t>& ba
   v.dummy_bubble_work = true;
   v.artifact_buffer = true;
   v.wire = PlanWire::kDistcaArtifact;
+  v.balanced_nano_batches = false;
   return SimulateCad(ctx, batch, cp, v, out);
 }
 

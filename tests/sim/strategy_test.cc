@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <numeric>
 #include <optional>
 #include <string>
 
@@ -356,16 +357,24 @@ TEST(CadTest, OneDocumentOneRankIsTheColocatedTime) {
 // (every layer as the steady state).
 double PlannedIteration(const SimOptions& o, const std::vector<int64_t>& docs, PlanPolicy policy, bool ping_pong,
                         double* bytes, double head_tokens = 1024, double* steady = nullptr) {
-  std::vector<std::vector<int>> nano_index;
-  if (ping_pong) {
-    EXPECT_TRUE(SplitNanoBatches(docs, 2, &nano_index).ok());
+  // distca balances the two nano-batches; distca-paper (the paper policy)
+  // takes the batch's halves in order, as DistCA's artifact does.
+  std::vector<std::vector<int64_t>> nanos;
+  if (!ping_pong) {
+    nanos = {docs};
+  } else if (policy == PlanPolicy::kPaper) {
+    nanos = sim::SplitIntoWaves(docs, 2, (std::accumulate(docs.begin(), docs.end(), int64_t{0}) + 1) / 2);
   } else {
-    nano_index.emplace_back();
-    for (size_t d = 0; d < docs.size(); ++d) nano_index[0].push_back(int(d));
+    std::vector<std::vector<int>> index;
+    EXPECT_TRUE(SplitNanoBatches(docs, 2, &index).ok());
+    for (const auto& part : index) {
+      nanos.emplace_back();
+      for (int d : part) nanos.back().push_back(docs[d]);
+    }
   }
   const sim::RankCosts k(o.model, o.hardware, o.tp);
   const double L = o.model.num_layers;
-  const size_t nn = nano_index.size();
+  const size_t nn = nanos.size();
   double pass_s[2] = {0, 0}, steady_s[2] = {0, 0};
   *bytes = 0;
   for (int pass = 0; pass < 2; ++pass) {
@@ -376,8 +385,7 @@ double PlannedIteration(const SimOptions& o, const std::vector<int64_t>& docs, P
     using Grid = std::vector<std::vector<double>>;
     Grid before(nn, std::vector<double>(2, 0.0)), after = before, ca = before, out = before, back = before;
     for (size_t n = 0; n < nn; ++n) {
-      std::vector<int64_t> nano;
-      for (int d : nano_index[n]) nano.push_back(docs[d]);
+      const std::vector<int64_t>& nano = nanos[n];
       PlanOptions po;
       po.ranks = 2;
       po.policy = policy;
@@ -434,44 +442,49 @@ TEST(CadTest, CostsThePlannersTasksAndTraffic) {
   SimOptions o = TestOptions();
   o.comm_budget = 0;
   o.hardware.attention_efficiency = {{1.0, 1.0}};
-  const std::vector<int64_t> docs = {1024, 256, 256, 256, 256};
-  // 1 layer (no steady boundary), 2 and 3; with and without the TP
-  // collectives; each strategy's own wire format, and both forced.
-  for (std::optional<PlanWire> wire : {std::optional<PlanWire>(), std::optional<PlanWire>(PlanWire::kDistca),
-                                       std::optional<PlanWire>(PlanWire::kDistcaArtifact)}) {
-    for (int layers : {1, 2, 3}) {
-      o.cad_wire = wire;
-      for (bool collectives : {false, true}) {
-        o.model.num_layers = layers;
-        o.hardware.tp_collectives = collectives;
-        for (bool ping_pong : {true, false}) {
-          o.ping_pong = ping_pong;
-          for (SimStrategy s : {SimStrategy::kDistca, SimStrategy::kDistcaPaper}) {
-            const std::string what = std::string(SimStrategyName(s)) + ", " + std::to_string(layers) +
-                                     " layers, collectives " + std::to_string(collectives) + ", ping-pong " +
-                                     std::to_string(ping_pong) + ", wire " + (wire ? PlanWireName(*wire) : "default");
-            const PlanPolicy policy = s == SimStrategy::kDistca ? PlanPolicy::kDistca : PlanPolicy::kPaper;
-            double bytes = 0, steady = 0;
-            const double want = PlannedIteration(o, docs, policy, ping_pong, &bytes, 1024, &steady);
-            ASSERT_GT(bytes, 0) << what;
-            // Fill and drain only add; without the collectives' extra cover
-            // this case exposes traffic at the pass's ends, so they show.
-            if (ping_pong) {
-              EXPECT_GE(want, steady) << what;
-              if (!collectives) {
-                EXPECT_GT(want, steady * (1 + 1e-3)) << what;
+  // The second batch's halves in order ({256, 256} and {1024, 256, 256})
+  // differ from its balanced split ({1024} and the four 256s): distca-paper
+  // takes the first, distca the second.
+  for (const std::vector<int64_t>& docs :
+       {std::vector<int64_t>{1024, 256, 256, 256, 256}, std::vector<int64_t>{256, 256, 1024, 256, 256}})
+    // 1 layer (no steady boundary), 2 and 3; with and without the TP
+    // collectives; each strategy's own wire format, and both forced.
+    for (std::optional<PlanWire> wire : {std::optional<PlanWire>(), std::optional<PlanWire>(PlanWire::kDistca),
+                                         std::optional<PlanWire>(PlanWire::kDistcaArtifact)}) {
+      for (int layers : {1, 2, 3}) {
+        o.cad_wire = wire;
+        for (bool collectives : {false, true}) {
+          o.model.num_layers = layers;
+          o.hardware.tp_collectives = collectives;
+          for (bool ping_pong : {true, false}) {
+            o.ping_pong = ping_pong;
+            for (SimStrategy s : {SimStrategy::kDistca, SimStrategy::kDistcaPaper}) {
+              const std::string what = std::string(SimStrategyName(s)) + ", " + std::to_string(layers) +
+                                       " layers, collectives " + std::to_string(collectives) + ", ping-pong " +
+                                       std::to_string(ping_pong) + ", wire " + (wire ? PlanWireName(*wire) : "default");
+              const PlanPolicy policy = s == SimStrategy::kDistca ? PlanPolicy::kDistca : PlanPolicy::kPaper;
+              double bytes = 0, steady = 0;
+              const double want = PlannedIteration(o, docs, policy, ping_pong, &bytes, 1024, &steady);
+              ASSERT_GT(bytes, 0) << what;
+              // Fill and drain only add; without the collectives' extra cover
+              // this case exposes traffic at the pass's ends, so they show.
+              if (ping_pong) {
+                EXPECT_GE(want, steady) << what;
+                if (!collectives) {
+                  EXPECT_GT(want, steady * (1 + 1e-3)) << what;
+                }
               }
+              const SimResult r = SimulateOne(o, {docs}, s);
+              EXPECT_NEAR(r.iteration_s, want, want * kRel) << what;
+              EXPECT_DOUBLE_EQ(r.bytes_moved, bytes) << what;
             }
-            const SimResult r = SimulateOne(o, {docs}, s);
-            EXPECT_NEAR(r.iteration_s, want, want * kRel) << what;
-            EXPECT_DOUBLE_EQ(r.bytes_moved, bytes) << what;
           }
         }
       }
     }
-  }
   // The wire format changes the bytes (here the backward's: O instead of
   // delta, bf16 instead of fp32 dK/dV).
+  const std::vector<int64_t> docs = {1024, 256, 256, 256, 256};
   o.cad_wire = PlanWire::kDistca;
   const double ours = SimulateOne(o, {docs}, SimStrategy::kDistca).bytes_moved;
   o.cad_wire = PlanWire::kDistcaArtifact;
