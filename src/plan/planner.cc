@@ -153,16 +153,17 @@ Status PlanLayout(const PlanOptions& o, const CostModel& cost, Plan p, Plan* pla
     co.policy = PlanPolicy::kColocated;
     DISTCA_RETURN_IF_ERROR(PlanOnce(co, cost, 0.0, &colocated));
     const double eps_max = std::max(colocated.stats.max_over_mean() - 1.0, 1.0 - colocated.stats.min_over_mean());
-    int64_t budget = o.comm_budget;
-    if (busiest(colocated) > budget && o.budget_grows) budget = busiest(colocated);
-    if (busiest(colocated) > budget)
-      return Status::InvalidArgument(
-          fmt::format("comm budget {} bytes is below what the linear layout alone moves "
-                      "({} bytes on the busiest rank{})",
-                      o.comm_budget, busiest(colocated),
-                      o.budget_per_exchange
-                          ? (o.budget_counts_local ? " in one exchange, its own rows included" : " in one exchange")
-                          : ""));
+    // What the layout alone needs; with budget_grows, the budget rises to it.
+    const int64_t layout_need = busiest(colocated);
+    const int64_t budget = o.budget_grows ? std::max(o.comm_budget, layout_need) : o.comm_budget;
+    if (layout_need > budget) {
+      const char* scope = !o.budget_per_exchange  ? ""
+                          : o.budget_counts_local ? " in one exchange, its own rows included"
+                                                  : " in one exchange";
+      return Status::InvalidArgument(fmt::format(
+          "comm budget {} bytes is below what the linear layout alone moves ({} bytes on the busiest rank{})",
+          o.comm_budget, layout_need, scope));
+    }
     // eps runs over tolerance + 0.05 k: step by step up to kStepByStep (the
     // first step that fits), then galloping (k doubles) to a step that fits
     // and bisection between it and the last one that did not, which finds a
