@@ -3,7 +3,9 @@
 
 Writes the simulator's attention tables (configs/hardware/*.csv, columns
 q_len,kv_len,seconds: forward + backward seconds of one task, a query range of
-q_len rows whose causal K/V prefix is kv_len long, bottom-right aligned) for the
+q_len rows whose causal K/V prefix is kv_len long, bottom-right aligned; and, in
+*-forward.csv on the same grid, the forward seconds alone, a profile's
+"forward_file") for the
 head shapes one tensor-parallel rank runs, timed with PyTorch's FlashAttention-2
 varlen kernels (torch.ops.aten._flash_attention_forward / _backward, the kernels
 under torch.nn.attention.varlen). Small tasks are packed many to one call, as a
@@ -187,16 +189,17 @@ def main():
                 if kv_len < q_len:
                     continue
                 n, f, b, flops = measure(hq, hkv, d, q_len, kv_len)
-                rows.append((q_len, kv_len, f + b))
+                rows.append((q_len, kv_len, f + b, f))
                 detail.append((q_len, kv_len, n, f, b, flops / f / 1e12, 2.5 * flops / b / 1e12 if b > 0 else 0.0))
                 print(f"  q {q_len:6d} kv {kv_len:6d} tasks {n[0]:5d}/{n[1]:5d} fwd {f * 1e3:10.4f} ms ({detail[-1][5]:6.1f} TF/s) "
                       f"bwd {b * 1e3:10.4f} ms ({detail[-1][6]:6.1f} TF/s) bwd/fwd {b / f:5.2f}", flush=True)
-        with open(f"{out_dir}/h200-attention-{name}.csv", "w") as fh:
-            fh.write(f"# h200_attention_table.py: seconds per task, forward + backward, {head}, "
-                     f"{hq} q heads, {hkv} kv heads, head_dim {d} (shape {name})\n")
-            fh.write("q_len,kv_len,seconds\n")
-            for q_len, kv_len, s in rows:
-                fh.write(f"{q_len},{kv_len},{s:.6e}\n")
+        for suffix, what, column in (("", "forward + backward", 2), ("-forward", "forward only", 3)):
+            with open(f"{out_dir}/h200-attention-{name}{suffix}.csv", "w") as fh:
+                fh.write(f"# h200_attention_table.py: seconds per task, {what}, {head}, "
+                         f"{hq} q heads, {hkv} kv heads, head_dim {d} (shape {name})\n")
+                fh.write("q_len,kv_len,seconds\n")
+                for row in rows:
+                    fh.write(f"{row[0]},{row[1]},{row[column]:.6e}\n")
         with open(f"{out_dir}/detail-{name}.csv", "w") as fh:
             fh.write("q_len,kv_len,fwd_tasks_per_call,bwd_tasks_per_call,fwd_s,bwd_s,fwd_tflops,bwd_tflops\n")
             for q_len, kv_len, n, f, b, tf, tb in detail:

@@ -74,6 +74,9 @@ class CostModel {
   }
   bool measured() const { return !q_grid_.empty(); }
   const char* unit() const { return measured() ? "s" : "FLOP"; }
+  // A measured table's grid coordinates, increasing (empty for Flops).
+  const std::vector<double>& q_grid() const { return q_grid_; }
+  const std::vector<double>& kv_grid() const { return kv_grid_; }
 
  private:
   double flops_per_pair_ = 0.0;

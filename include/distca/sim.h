@@ -32,6 +32,9 @@ namespace distca {
 // profile): seconds per task, forward + backward, one device running
 // q_heads x kv_heads heads, as `distca-bench attention --table-out` (CPU) or
 // bench/gpu/h200_attention_table.py (GPU) writes it (CSV q_len,kv_len,seconds).
+// Optionally a second table of the same grid holds the forward seconds
+// alone, measured in the same run; the backward pass then costs the
+// difference, and the profile's attention_backward_factor does not apply.
 struct AttentionTable {
   std::string file;  // as written in the profile; relative to the profile's directory
   // The heads one device ran (a tensor-parallel rank's share of the model's).
@@ -40,6 +43,10 @@ struct AttentionTable {
   // training step (copies, synchronization) beyond the benchmark. Default: 1
   double scale = 1.0;
   std::string csv;  // the table's text; filled by LoadHardwareProfile
+  // The forward-only table (optional JSON "forward_file"; relative as
+  // `file`): on file's grid, below it at every point. Empty: none.
+  std::string forward_file = {};
+  std::string forward_csv = {};  // its text, likewise
 };
 
 struct LinkProfile {
@@ -67,7 +74,8 @@ struct HardwareProfile {
   // (query length, fraction of peak) points of core attention, q_len increasing;
   // piecewise linear in log2(q_len), clamped at both ends.
   std::vector<std::pair<double, double>> attention_efficiency;
-  // Backward / forward time of core attention (optional in the JSON).
+  // Backward / forward time of core attention (optional in the JSON), for
+  // the efficiency curve and for tables without a forward_file.
   // Default: 2.5, the FLOP ratio (DESIGN.md section 3)
   double attention_backward_factor = 2.5;
   // Measured tables (optional, JSON "attention_tables"). A rank that runs
@@ -75,7 +83,8 @@ struct HardwareProfile {
   // tables measured with D, the one of exactly that shape, else the one
   // nearest in query heads per K/V head, then in query heads; its seconds
   // are scaled by the ratio of query heads. With no table of D, the
-  // efficiency curve. The forward share of a task is
+  // efficiency curve. The forward share of a task is its forward table's
+  // over the table's, or, with no forward table,
   // 1 / (1 + attention_backward_factor).
   std::vector<AttentionTable> attention_tables;
   int dtype_bytes = 0;        // bytes per activation element
@@ -95,6 +104,10 @@ struct HardwareProfile {
 // and checks the table file.
 Status ParseHardwareProfile(std::string_view json, HardwareProfile* profile);
 Status LoadHardwareProfile(const std::string& path, HardwareProfile* profile);
+// A loaded table: its csv (and, when it names a forward_file or has a
+// forward_csv, that one too) read and valid, the forward table on the
+// table's grid and below it at every point.
+Status ValidateAttentionTable(const AttentionTable& table);
 // The profile as ParseHardwareProfile reads it (tables by file name; their
 // csv is not written).
 std::string HardwareProfileJson(const HardwareProfile& profile);

@@ -17,7 +17,10 @@ CpStageCost CostCpMicroBatch(const SimContext& ctx, const std::vector<int64_t>& 
   cost.tokens = tokens;
   cost.keeps_gathered_kv = keeps_gathered_kv;
   cost.linear_f = k.LinearForward(tokens / c);
-  for (int64_t len : docs) cost.attention_f += k.AttentionForwardCp(len, c);
+  for (int64_t len : docs) {
+    cost.attention_f += k.AttentionForwardCp(len, c);
+    cost.attention_b += k.AttentionBackwardCp(len, c);
+  }
   // Forward: every rank gathers the K/V of the whole micro-batch; backward:
   // the dK/dV partials are reduce-scattered back, after the K/V travel once
   // more when they were not kept (ring attention). Nothing is overlapped.
@@ -26,7 +29,7 @@ CpStageCost CostCpMicroBatch(const SimContext& ctx, const std::vector<int64_t>& 
   const int layers = ctx.stage_layers;
   cost.forward = layers * (cost.linear_f + cost.attention_f + cost.all_gather);
   cost.linear_b = k.LinearBackward(tokens / c);
-  cost.backward = layers * (cost.linear_b + k.AttentionBackwardFactor() * cost.attention_f + cost.backward_comm);
+  cost.backward = layers * (cost.linear_b + cost.attention_b + cost.backward_comm);
   cost.head_f = k.HeadForward(tokens / c);
   return cost;
 }
@@ -75,7 +78,7 @@ Status RunContextParallel(const SimContext& ctx, const std::vector<CpStageCost>&
       o.breakdown.forward_linear_s += cc.linear_f / d;
       o.breakdown.backward_linear_s += cc.linear_b / d;
       o.breakdown.forward_attention_s += cc.attention_f / d;
-      o.breakdown.backward_attention_s += k.AttentionBackwardFactor() * cc.attention_f / d;
+      o.breakdown.backward_attention_s += cc.attention_b / d;
       o.breakdown.forward_comm_s += cc.all_gather / d;
       o.breakdown.backward_comm_s += cc.backward_comm / d;
       // K/V gathered and dK/dV scattered (and, for ring attention, the K/V

@@ -25,8 +25,9 @@ namespace {
 
 // One planned nano-batch, costed per physical rank.
 struct NanoCost {
-  std::vector<double> tokens;     // tokens held (linear layout)
-  std::vector<double> attention;  // forward CA seconds of its tasks
+  std::vector<double> tokens;              // tokens held (linear layout)
+  std::vector<double> attention;           // forward CA seconds of its tasks
+  std::vector<double> attention_backward;  // and backward
   // Bytes by all-to-all (index: PlanExchange), sent and received.
   std::array<std::vector<double>, kPlanExchanges> exchange_sent, exchange_received;
 };
@@ -189,12 +190,15 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
       NanoCost c;
       c.tokens.assign(total_ranks, 0.0);
       c.attention.assign(total_ranks, 0.0);
+      c.attention_backward.assign(total_ranks, 0.0);
       for (const PlanDocument& d : plan.documents)
         for (const PlanPiece& p : d.pieces) c.tokens[phys[p.rank]] += double(p.end - p.begin);
       // The server's varlen kernel runs touching tasks of a document as one
       // range, so efficiency follows the merged length.
-      for (const PlanTask& t : MergeTouchingTasks(plan.tasks))
+      for (const PlanTask& t : MergeTouchingTasks(plan.tasks)) {
         c.attention[phys[t.server]] += k.AttentionForward(t.q_begin, t.q_end);
+        c.attention_backward[phys[t.server]] += k.AttentionBackward(t.q_begin, t.q_end);
+      }
       const PlanTraffic& tr = plan.stats.traffic;
       for (int e = 0; e < kPlanExchanges; ++e) {
         c.exchange_sent[e].assign(total_ranks, 0.0);
@@ -232,7 +236,6 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
     // slowest rank.
     for (int pass = 0; pass < 2; ++pass) {
       const double head_factor = pass == 0 ? 1.0 : kBackwardLinearFactor;
-      const double ca_factor = pass == 0 ? 1.0 : k.AttentionBackwardFactor();
       const size_t nn = costs.size();
       // distca-paper: idle stages' ranks run a dummy micro-batch's linear
       // layers, split over the nano-batches.
@@ -259,7 +262,7 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
             after[n][r] += dummy.after / double(nn);
           }
           const double lin = before[n][r] + after[n][r];
-          ca[n][r] = ca_factor * c.attention[r];
+          ca[n][r] = pass == 0 ? c.attention[r] : c.attention_backward[r];
           attention_sum += ca[n][r];
           compute[r] += lin + ca[n][r];
           const double out_s = c.exchange_sent[out_ex][r], out_r = c.exchange_received[out_ex][r];

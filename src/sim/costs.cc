@@ -44,30 +44,49 @@ RankCosts::RankCosts(const ModelConfig& m, const HardwareProfile& hw, int tp, bo
   const AttentionTable* pick = nullptr;
   for (const AttentionTable& t : hw.attention_tables)
     if (!t.csv.empty() && t.head_dim == m.head_dim() && (pick == nullptr || distance(t) < distance(*pick))) pick = &t;
-  CostModel table;
+  CostModel table, forward;
   if (pick != nullptr && CostModel::FromTableCsv(pick->csv, &table).ok()) {
     table_ = std::move(table);
     table_scale_ = pick->scale * double(rank_q) / pick->q_heads;
+    if (!pick->forward_csv.empty() && CostModel::FromTableCsv(pick->forward_csv, &forward).ok())
+      forward_table_ = std::move(forward);
   }
 }
 
 double RankCosts::AttentionForward(int64_t q_begin, int64_t q_end) const {
   if (q_end <= q_begin) return 0.0;
+  if (forward_table_) return table_scale_ * forward_table_->TaskCost(q_begin, q_end);
   if (table_) return table_scale_ * table_->TaskCost(q_begin, q_end) / (1.0 + hw_.attention_backward_factor);
   const double flops = attention_flops_per_pair_ * double(CausalPairs(q_begin, q_end));
   return flops / (attention_peak_ * hw_.AttentionEfficiency(double(q_end - q_begin)));
 }
 
+double RankCosts::AttentionBackward(int64_t q_begin, int64_t q_end) const {
+  if (q_end <= q_begin) return 0.0;
+  // LoadHardwareProfile checked the forward table below the table at every
+  // grid point, so the interpolated difference is positive.
+  if (forward_table_)
+    return table_scale_ * (table_->TaskCost(q_begin, q_end) - forward_table_->TaskCost(q_begin, q_end));
+  return hw_.attention_backward_factor * AttentionForward(q_begin, q_end);
+}
+
+double RankCosts::CpShards(int64_t length, int c, double (RankCosts::*cost)(int64_t, int64_t) const) const {
+  double total = 0;
+  for (int i = 0; i < 2 * c; ++i) total += (this->*cost)(length * i / (2 * c), length * (i + 1) / (2 * c));
+  return total / c;
+}
+
 double RankCosts::AttentionForwardCp(int64_t length, int c) const {
   if (c <= 1) return AttentionForward(0, length);
-  if (table_) {
-    double total = 0;
-    for (int i = 0; i < 2 * c; ++i) total += AttentionForward(length * i / (2 * c), length * (i + 1) / (2 * c));
-    return total / c;
-  }
+  if (table_) return CpShards(length, c, &RankCosts::AttentionForward);
   const double flops = attention_flops_per_pair_ * double(CausalPairs(0, length)) / c;
   const double shard = std::max(1.0, double(length) / (2.0 * c));
   return flops / (attention_peak_ * hw_.AttentionEfficiency(shard));
+}
+
+double RankCosts::AttentionBackwardCp(int64_t length, int c) const {
+  if (!forward_table_) return hw_.attention_backward_factor * AttentionForwardCp(length, c);
+  return c <= 1 ? AttentionBackward(0, length) : CpShards(length, c, &RankCosts::AttentionBackward);
 }
 
 double RankCosts::AllToAll(double sent, double received, bool inter_node) const {

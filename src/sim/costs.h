@@ -83,16 +83,24 @@ class RankCosts {
   // Core attention of query rows [q_begin, q_end) with KV [0, q_end), forward:
   // 4 * CausalPairs * D * Hq FLOPs at efficiency eff(q_end - q_begin), or,
   // with a matching attention table (HardwareProfile::attention_tables),
-  // scale * table(q_len, kv_len = q_end) * (rank's query heads / table's) /
+  // scale * forward_table(q_len, kv_len = q_end) * (rank's query heads /
+  // table's), or without a forward table, scale * table(...) * (...) /
   // (1 + attention_backward_factor).
   double AttentionForward(int64_t q_begin, int64_t q_end) const;
-  // Whether the measured table is in use.
+  // The same task, backward: with a forward table, scale * (table -
+  // forward_table)(...) * (...); otherwise attention_backward_factor times
+  // AttentionForward.
+  double AttentionBackward(int64_t q_begin, int64_t q_end) const;
+  // Whether the measured table is in use; whether it splits a task's
+  // forward and backward seconds as measured.
   bool measured_attention() const { return table_.has_value(); }
+  bool measured_attention_split() const { return forward_table_.has_value(); }
   // A document of `length` under context parallelism over c ranks (head/tail
   // or zig-zag: 2c shards of length / 2c, two per rank, each rank 1/c of the
   // pairs; c = 1: the whole document as one task). Seconds on each rank
-  // (with a table: the 2c shards' total over c).
+  // (with a table: the 2c shards' total over c), forward and backward.
   double AttentionForwardCp(int64_t length, int c) const;
+  double AttentionBackwardCp(int64_t length, int c) const;
 
   // All-to-all of one rank: latency + max(sent, received) / (tp * bandwidth),
   // across nodes on the profile's all_to_all link when it has one.
@@ -130,7 +138,8 @@ class RankCosts {
   // (2h + 2 h_kv + 3 ffn). The rest (O projection, MLP) runs after it; the
   // backward pass runs them in the opposite order.
   double PreAttentionShare() const { return pre_attention_share_; }
-  // Backward / forward time of core attention (the profile's).
+  // Backward / forward time of core attention (the profile's), where no
+  // forward table splits it (measured_attention_split).
   double AttentionBackwardFactor() const { return hw_.attention_backward_factor; }
   int tp() const { return tp_; }
   // Bytes of one element in the training precision (the profile's dtype_bytes).
@@ -147,7 +156,10 @@ class RankCosts {
   // The profile's measured attention table nearest to the rank's heads, with
   // the model's head dimension (HardwareProfile::attention_tables); else the
   // efficiency curve is used.
-  std::optional<CostModel> table_;
+  std::optional<CostModel> table_, forward_table_;  // forward_table_ only with table_
+  // The 2c shards of a document under context parallelism, `cost` summed
+  // over them, over c.
+  double CpShards(int64_t length, int c, double (RankCosts::*cost)(int64_t, int64_t) const) const;
   double table_scale_ = 1.0;             // the table's scale times the rank's query heads over the table's
   double linear_rate_, attention_peak_;  // FLOP/s of the rank
   double linear_flops_per_token_, head_flops_per_token_, attention_flops_per_pair_;

@@ -98,6 +98,12 @@ Status Tables(const json& j, std::vector<AttentionTable>* out) {
       return Status::InvalidArgument(
           fmt::format("{}: q_heads ({}) must be a multiple of kv_heads ({})", where, table.q_heads, table.kv_heads));
     if (t.contains("scale")) DISTCA_RETURN_IF_ERROR(Number(t, where, "scale", &table.scale, 1e-6, 1e6));
+    if (t.contains("forward_file")) {
+      const json& f = t.at("forward_file");
+      if (!f.is_string() || f.get<std::string>().empty())
+        return Status::InvalidArgument(where + ": \"forward_file\" must be a non-empty file name");
+      table.forward_file = f.get<std::string>();
+    }
     for (size_t k = 0; k < out->size(); ++k) {
       const AttentionTable& other = (*out)[k];
       if (other.q_heads == table.q_heads && other.kv_heads == table.kv_heads && other.head_dim == table.head_dim)
@@ -176,12 +182,13 @@ std::string HardwareProfileJson(const HardwareProfile& p) {
   j["attention_backward_factor"] = p.attention_backward_factor;
   if (!p.attention_tables.empty()) {
     j["attention_tables"] = nlohmann::ordered_json::array();
-    for (const AttentionTable& t : p.attention_tables)
-      j["attention_tables"].push_back({{"file", t.file},
-                                       {"q_heads", t.q_heads},
-                                       {"kv_heads", t.kv_heads},
-                                       {"head_dim", t.head_dim},
-                                       {"scale", t.scale}});
+    for (const AttentionTable& t : p.attention_tables) {
+      nlohmann::ordered_json e{
+          {"file", t.file}, {"q_heads", t.q_heads}, {"kv_heads", t.kv_heads}, {"head_dim", t.head_dim}};
+      if (!t.forward_file.empty()) e["forward_file"] = t.forward_file;
+      e["scale"] = t.scale;
+      j["attention_tables"].push_back(std::move(e));
+    }
   }
   j["dtype_bytes"] = p.dtype_bytes;
   j["memory_bytes"] = p.memory_bytes;
@@ -201,6 +208,38 @@ std::string HardwareProfileJson(const HardwareProfile& p) {
   return out + "}\n";
 }
 
+Status ValidateAttentionTable(const AttentionTable& t) {
+  const auto unread = [](const std::string& file) {
+    return Status::InvalidArgument(
+        fmt::format("hardware profile names the attention table '{}' but it was not read (load the profile with "
+                    "LoadHardwareProfile)",
+                    file));
+  };
+  if (t.csv.empty()) return unread(t.file);
+  CostModel total, forward;
+  DISTCA_RETURN_IF_ERROR(CostModel::FromTableCsv(t.csv, &total).WithContext("attention table '" + t.file + "'"));
+  if (t.forward_file.empty() && t.forward_csv.empty()) return Status::Ok();
+  const std::string where = "forward table '" + t.forward_file + "' of '" + t.file + "'";
+  if (t.forward_csv.empty()) return unread(t.forward_file);
+  DISTCA_RETURN_IF_ERROR(CostModel::FromTableCsv(t.forward_csv, &forward).WithContext(where));
+  // The backward pass costs the difference, which bilinear interpolation
+  // keeps positive everywhere when it is at every point of one grid.
+  if (forward.q_grid() != total.q_grid() || forward.kv_grid() != total.kv_grid())
+    return Status::InvalidArgument(where + ": not on the same grid (its q_len or kv_len values differ)");
+  for (double q : total.q_grid()) {
+    for (double kv : total.kv_grid()) {
+      if (kv < q) continue;
+      const auto begin = static_cast<int64_t>(kv - q), end = static_cast<int64_t>(kv);
+      const double f = forward.TaskCost(begin, end), fb = total.TaskCost(begin, end);
+      if (!(f < fb))
+        return Status::InvalidArgument(fmt::format(
+            "{}: at q_len {}, kv_len {} the forward seconds ({:g}) are not below the forward + backward seconds ({:g})",
+            where, q, kv, f, fb));
+    }
+  }
+  return Status::Ok();
+}
+
 Status LoadHardwareProfile(const std::string& path, HardwareProfile* profile) {
   std::string text;
   DISTCA_RETURN_IF_ERROR(ReadTextFile(path, &text));
@@ -208,11 +247,14 @@ Status LoadHardwareProfile(const std::string& path, HardwareProfile* profile) {
   DISTCA_RETURN_IF_ERROR(ParseHardwareProfile(text, &p).WithContext(path));
   for (size_t i = 0; i < p.attention_tables.size(); ++i) {
     AttentionTable& t = p.attention_tables[i];
-    const std::filesystem::path file = std::filesystem::path(path).parent_path() / t.file;
-    DISTCA_RETURN_IF_ERROR(
-        ReadTextFile(file.string(), &t.csv).WithContext(fmt::format("{}: attention_tables[{}]", path, i)));
-    CostModel check;
-    DISTCA_RETURN_IF_ERROR(CostModel::FromTableCsv(t.csv, &check).WithContext(file.string()));
+    const std::string where = fmt::format("{}: attention_tables[{}]", path, i);
+    const auto read = [&](const std::string& name, std::string* csv) {
+      const std::filesystem::path file = std::filesystem::path(path).parent_path() / name;
+      return ReadTextFile(file.string(), csv).WithContext(where);
+    };
+    DISTCA_RETURN_IF_ERROR(read(t.file, &t.csv));
+    if (!t.forward_file.empty()) DISTCA_RETURN_IF_ERROR(read(t.forward_file, &t.forward_csv));
+    DISTCA_RETURN_IF_ERROR(ValidateAttentionTable(t).WithContext(where));
   }
   *profile = std::move(p);
   return Status::Ok();

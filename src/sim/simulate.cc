@@ -201,16 +201,8 @@ Status ValidateSimOptions(const SimOptions& o) {
       !(h.intra_node.bandwidth > 0) || !(h.inter_node.bandwidth > 0) || h.attention_efficiency.empty() ||
       !(h.attention_backward_factor >= 1))
     return Status::InvalidArgument("hardware profile is incomplete (load one with LoadHardwareProfile)");
-  for (const AttentionTable& t : h.attention_tables) {
-    if (t.csv.empty())
-      return Status::InvalidArgument(
-          fmt::format("hardware profile names the attention table '{}' but it was not read (load the profile with "
-                      "LoadHardwareProfile)",
-                      t.file));
-    CostModel table;
-    DISTCA_RETURN_IF_ERROR(CostModel::FromTableCsv(t.csv, &table)
-                               .WithContext(fmt::format("hardware profile's attention table '{}'", t.file)));
-  }
+  for (const AttentionTable& t : h.attention_tables)
+    DISTCA_RETURN_IF_ERROR(ValidateAttentionTable(t).WithContext("hardware profile"));
   if (o.gpus <= 0 || o.tp <= 0 || o.pp <= 0)
     return Status::InvalidArgument(fmt::format("gpus ({}), tp ({}) and pp ({}) must be positive", o.gpus, o.tp, o.pp));
   // Tensor parallelism splits the query heads; K/V heads are split too, or

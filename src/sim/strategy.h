@@ -100,7 +100,7 @@ struct CpStageCost {
   bool keeps_gathered_kv = false;  // CostCpMicroBatch's argument
   // Per layer, per rank. backward_comm: the dK/dV reduce-scatter, plus the
   // K/V's second pass when they were not kept (ring attention).
-  double linear_f = 0, linear_b = 0, attention_f = 0, all_gather = 0, backward_comm = 0;
+  double linear_f = 0, linear_b = 0, attention_f = 0, attention_b = 0, all_gather = 0, backward_comm = 0;
   double forward = 0, backward = 0;  // whole stage, no LM head
   double head_f = 0;                 // LM head forward (last stage)
 };

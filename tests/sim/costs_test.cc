@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <utility>
 
 #include "common/file_util.h"
 #include "sim/costs.h"
@@ -61,6 +62,12 @@ TEST(HardwareProfileTest, ShippedProfilesLoad) {
         ASSERT_TRUE(tp8.measured_attention()) << preset;
         ASSERT_TRUE(tp4.measured_attention()) << preset;
         EXPECT_NEAR(tp4.AttentionForward(0, 65536), 2 * tp8.AttentionForward(0, 65536), 1e-9) << preset;
+        // Forward and backward were timed apart (the backward pass 2.3-2.9x
+        // the forward on long tasks).
+        ASSERT_TRUE(tp8.measured_attention_split()) << preset;
+        const double ratio = tp8.AttentionBackward(0, 65536) / tp8.AttentionForward(0, 65536);
+        EXPECT_GT(ratio, 2.3) << preset;
+        EXPECT_LT(ratio, 2.9) << preset;
       }
     }
   }
@@ -134,6 +141,50 @@ TEST(HardwareProfileTest, AttentionTableReplacesTheCurveForItsShape) {
   }
 }
 
+TEST(HardwareProfileTest, ForwardTableSplitsEachTaskAsMeasured) {
+  // sim_test::SplitTableProfile: measured for a tp-2 rank's own 2 x 1 heads.
+  HardwareProfile p = sim_test::SplitTableProfile();
+  p.attention_backward_factor = 7;  // not used where the table splits
+  p.attention_tables[0].scale = 1.5;
+  const RankCosts k(TestModel(), p, 2);
+  ASSERT_TRUE(k.measured_attention());
+  ASSERT_TRUE(k.measured_attention_split());
+  // The whole 1024 document: 5 ms forward, 20 - 5 backward, scaled.
+  EXPECT_NEAR(k.AttentionForward(0, 1024), 1.5 * 5e-3, kRel);
+  EXPECT_NEAR(k.AttentionBackward(0, 1024), 1.5 * 15e-3, kRel);
+  // 256 rows after a 768 prefix: the (256, 1024) point; after 256: a third
+  // of the way from (256, 256).
+  EXPECT_NEAR(k.AttentionForward(768, 1024), 1.5 * 1.1e-3, kRel);
+  EXPECT_NEAR(k.AttentionBackward(768, 1024), 1.5 * 2.9e-3, kRel);
+  EXPECT_NEAR(k.AttentionBackward(256, 512), 1.5 * 1.5e-3, kRel);
+  EXPECT_EQ(k.AttentionBackward(9, 9), 0.0);
+  // CP 2: the four 256-row shards' total over 2 ranks, each pass its own:
+  // forward (0.2 + 0.5 + 0.8 + 1.1) / 2 ms, backward (0.8 + 1.5 + 2.2 + 2.9) / 2.
+  EXPECT_NEAR(k.AttentionForwardCp(1024, 2), 1.5 * 1.3e-3, kRel);
+  EXPECT_NEAR(k.AttentionBackwardCp(1024, 2), 1.5 * 3.7e-3, kRel);
+  EXPECT_NEAR(k.AttentionBackwardCp(1024, 1), 1.5 * 15e-3, kRel);
+  // Without the forward table the same total splits by the factor:
+  // forward 1 / 8 of it, backward 7 / 8.
+  HardwareProfile whole = p;
+  whole.attention_tables[0].forward_file.clear();
+  whole.attention_tables[0].forward_csv.clear();
+  const RankCosts kw(TestModel(), whole, 2);
+  ASSERT_FALSE(kw.measured_attention_split());
+  EXPECT_NEAR(kw.AttentionForward(0, 1024), 1.5 * 20e-3 / 8, kRel);
+  EXPECT_NEAR(kw.AttentionBackward(0, 1024), 1.5 * 20e-3 * 7 / 8, kRel);
+  EXPECT_NEAR(kw.AttentionBackwardCp(1024, 2), 7 * kw.AttentionForwardCp(1024, 2), kRel);
+  // Either way forward + backward is the table's total.
+  for (const RankCosts* c : {&k, &kw})
+    EXPECT_NEAR(c->AttentionForwardCp(1024, 2) + c->AttentionBackwardCp(1024, 2), 1.5 * 10e-3 / 2, kRel);
+  // The efficiency curve (another head dimension) splits by the factor.
+  ModelConfig other = TestModel();
+  other.hidden = 128;
+  const RankCosts kc(other, p, 2);
+  ASSERT_FALSE(kc.measured_attention());
+  EXPECT_NEAR(kc.AttentionBackward(256, 1024), 7 * kc.AttentionForward(256, 1024), kRel);
+  EXPECT_NEAR(kc.AttentionBackwardCp(1024, 2), 7 * kc.AttentionForwardCp(1024, 2), kRel);
+}
+
 TEST(HardwareProfileTest, AttentionTableErrors) {
   std::string good = sim_test::kTestProfileJson;
   auto with_table = [&](const std::string& table) {
@@ -186,6 +237,47 @@ TEST(HardwareProfileTest, AttentionTableErrors) {
   SimOptions o = sim_test::TestOptions();
   ASSERT_TRUE(ParseHardwareProfile(json, &o.hardware).ok());
   EXPECT_TRUE(Contains(ValidateSimOptions(o), "names the attention table 't.csv' but it was not read"));
+
+  // A forward-only table: a file name, read next to the profile, on the
+  // table's grid and below it at every point.
+  for (const char* bad : {R"("forward_file": 3)", R"("forward_file": "")"})
+    EXPECT_TRUE(Contains(ParseHardwareProfile(with_table(std::string(R"({"file": "t.csv", )") + bad +
+                                                         R"(, "q_heads": 4, "kv_heads": 2, "head_dim": 16})"),
+                                              &p),
+                         "attention_tables[0]: \"forward_file\" must be a non-empty file name"))
+        << bad;
+  const std::string split =
+      with_table(R"({"file": "t.csv", "forward_file": "f.csv", "q_heads": 4, "kv_heads": 2, "head_dim": 16})");
+  ASSERT_TRUE(ParseHardwareProfile(split, &p).ok());
+  EXPECT_EQ(p.attention_tables[0].forward_file, "f.csv");
+  HardwareProfile back;  // the JSON writer keeps it
+  ASSERT_TRUE(ParseHardwareProfile(HardwareProfileJson(p), &back).ok());
+  EXPECT_EQ(back.attention_tables[0].forward_file, "f.csv");
+  ASSERT_TRUE(WriteTextFile(dir + "/p.json", split).ok());
+  EXPECT_EQ(LoadHardwareProfile(dir + "/p.json", &p).code(), StatusCode::kIoError);  // no f.csv yet
+  // kTableCsv's points are 1, 4 and 20 ms.
+  const std::pair<const char*, const char*> refused[] = {
+      {"q_len,kv_len,seconds\n128,128,1e-4\n128,1024,1e-3\n", "not on the same grid"},
+      {"q_len,kv_len,seconds\n128,128,1e-4\n128,1024,4e-3\n1024,1024,5e-3\n",
+       "at q_len 128, kv_len 1024 the forward seconds (0.004) are not below the forward + backward seconds (0.004)"},
+      {"q_len,kv_len\n", "forward table 'f.csv' of 't.csv'"},
+  };
+  for (const auto& [csv, message] : refused) {
+    ASSERT_TRUE(WriteTextFile(dir + "/f.csv", csv).ok());
+    const Status s = LoadHardwareProfile(dir + "/p.json", &p);
+    EXPECT_TRUE(Contains(s, message)) << s.ToString();
+  }
+  const std::string forward = "q_len,kv_len,seconds\n128,128,1e-4\n128,1024,1e-3\n1024,1024,5e-3\n";
+  ASSERT_TRUE(WriteTextFile(dir + "/f.csv", forward).ok());
+  ASSERT_TRUE(LoadHardwareProfile(dir + "/p.json", &p).ok());
+  EXPECT_EQ(p.attention_tables[0].forward_csv, forward);
+  EXPECT_TRUE(RankCosts(TestModel(), p, 2).measured_attention_split());
+  // Named but never read, or made by hand below nothing: refused.
+  ASSERT_TRUE(ParseHardwareProfile(split, &o.hardware).ok());
+  o.hardware.attention_tables[0].csv = kTableCsv;
+  EXPECT_TRUE(Contains(ValidateSimOptions(o), "names the attention table 'f.csv' but it was not read"));
+  o.hardware.attention_tables[0].forward_csv = kTableCsv;
+  EXPECT_TRUE(Contains(ValidateSimOptions(o), "are not below"));
 }
 
 TEST(HardwareProfileTest, ErrorsNameTheField) {

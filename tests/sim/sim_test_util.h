@@ -27,6 +27,25 @@ inline HardwareProfile TestProfile() {
   return p;
 }
 
+// A measured table for the heads a tp-2 rank of TestModel runs (2 x 1 of
+// 16) and its forward-only table, the forward share differing point to
+// point: 256-row tasks against prefixes of 256 and 1024 (forward + backward
+// 1 and 4 ms, forward 0.2 and 1.1; linear in between, so the four shards of
+// a 1024 document under CP 2 cost 1, 2, 3, 4 ms and 0.2, 0.5, 0.8, 1.1) and
+// the whole 1024 document (20 ms, forward 5).
+inline constexpr const char* kSplitTableCsv = "q_len,kv_len,seconds\n256,256,1e-3\n256,1024,4e-3\n1024,1024,2e-2\n";
+inline constexpr const char* kSplitForwardCsv = "q_len,kv_len,seconds\n256,256,2e-4\n256,1024,1.1e-3\n1024,1024,5e-3\n";
+
+inline HardwareProfile SplitTableProfile() {
+  HardwareProfile p = TestProfile();
+  AttentionTable t{"split.csv", 2, 1, 16, 1.0, kSplitTableCsv};
+  t.forward_file = "split-forward.csv";
+  t.forward_csv = kSplitForwardCsv;
+  EXPECT_TRUE(ValidateAttentionTable(t).ok());
+  p.attention_tables = {t};
+  return p;
+}
+
 // h 64, 4 query heads of 16, 2 KV heads, ffn 128, vocab 256, 2 layers:
 // linear forward FLOPs per token = 2*64*(2*64 + 2*32) + 6*64*128 = 73728.
 inline ModelConfig TestModel() {

@@ -323,6 +323,40 @@ TEST(CadTest, ArtifactMicroBatchesHoldTheWholeBatch) {
                        "leave less than one token per rank"));
 }
 
+TEST(WlbIdealTest, MeasuredForwardAndBackwardEachCostTheirOwn) {
+  // As ContextParallelTimeAndBytesByHand, with core attention from a table
+  // that times the passes apart (sim_test::SplitTableProfile): per rank and
+  // layer the four 256-row shards over 2 ranks, 1.3 ms forward and 3.7 ms
+  // backward (not 2.5 x 1.3).
+  SimOptions o = TestOptions();
+  o.hardware = sim_test::SplitTableProfile();
+  o.cp = 2;
+  const double lin = 3.7748736e-5, ag = 1.32768e-5, head = 1.6777216e-5, fwd = 1.3e-3, bwd = 3.7e-3;
+  const double want = 2 * (2 * (lin + fwd + ag) + head + 2 * (2 * lin + bwd + ag) + 2 * head);
+  const SimResult r = SimulateOne(o, {{1024, 1024}}, SimStrategy::kWlbIdeal);
+  EXPECT_NEAR(r.iteration_s, want, want * kRel);
+  EXPECT_NEAR(r.breakdown.forward_attention_s, 2 * fwd, fwd * kRel);
+  EXPECT_NEAR(r.breakdown.backward_attention_s, 2 * bwd, bwd * kRel);
+}
+
+TEST(CadTest, MeasuredForwardAndBackwardEachCostTheirOwn) {
+  // One rank, one 1024 document (as OneDocumentOneRankIsTheColocatedTime):
+  // the table's whole-document point, 5 ms forward and 15 ms backward.
+  SimOptions o = TestOptions();
+  o.hardware = sim_test::SplitTableProfile();
+  o.gpus = 2;
+  o.batch_size = 1;
+  const Parts p = PartsFor(o);
+  ASSERT_NEAR(p.ca, 5e-3, 5e-3 * kRel);
+  const double want = 2 * (p.lin + 5e-3) + p.head + 2 * (2 * p.lin + 15e-3) + 2 * p.head;
+  for (SimStrategy s : {SimStrategy::kDistca, SimStrategy::kDistcaPaper, SimStrategy::kColocated}) {
+    const SimResult r = SimulateOne(o, {{1024}}, s);
+    EXPECT_NEAR(r.iteration_s, want, want * kRel) << SimStrategyName(s);
+    EXPECT_NEAR(r.breakdown.forward_attention_s, 5e-3, 5e-3 * kRel) << SimStrategyName(s);
+    EXPECT_NEAR(r.breakdown.backward_attention_s, 15e-3, 15e-3 * kRel) << SimStrategyName(s);
+  }
+}
+
 TEST(CadTest, OneDocumentOneRankIsTheColocatedTime) {
   // 2 devices: one rank, one 1024 document, nothing to plan.
   SimOptions o = TestOptions();
