@@ -18,8 +18,9 @@ CpStageCost CostCpMicroBatch(const SimContext& ctx, const std::vector<int64_t>& 
   cost.keeps_gathered_kv = keeps_gathered_kv;
   cost.linear_f = k.LinearForward(tokens / c);
   for (int64_t len : docs) {
-    cost.attention_f += k.AttentionForwardCp(len, c);
-    cost.attention_b += k.AttentionBackwardCp(len, c);
+    const RankCosts::AttentionSeconds a = k.AttentionCp(len, c);
+    cost.attention_f += a.forward;
+    cost.attention_b += a.backward;
   }
   // Forward: every rank gathers the K/V of the whole micro-batch; backward:
   // the dK/dV partials are reduce-scattered back, after the K/V travel once

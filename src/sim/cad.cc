@@ -196,8 +196,9 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
       // The server's varlen kernel runs touching tasks of a document as one
       // range, so efficiency follows the merged length.
       for (const PlanTask& t : MergeTouchingTasks(plan.tasks)) {
-        c.attention[phys[t.server]] += k.AttentionForward(t.q_begin, t.q_end);
-        c.attention_backward[phys[t.server]] += k.AttentionBackward(t.q_begin, t.q_end);
+        const RankCosts::AttentionSeconds a = k.Attention(t.q_begin, t.q_end);
+        c.attention[phys[t.server]] += a.forward;
+        c.attention_backward[phys[t.server]] += a.backward;
       }
       const PlanTraffic& tr = plan.stats.traffic;
       for (int e = 0; e < kPlanExchanges; ++e) {

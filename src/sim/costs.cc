@@ -53,40 +53,36 @@ RankCosts::RankCosts(const ModelConfig& m, const HardwareProfile& hw, int tp, bo
   }
 }
 
-double RankCosts::AttentionForward(int64_t q_begin, int64_t q_end) const {
-  if (q_end <= q_begin) return 0.0;
-  if (forward_table_) return table_scale_ * forward_table_->TaskCost(q_begin, q_end);
-  if (table_) return table_scale_ * table_->TaskCost(q_begin, q_end) / (1.0 + hw_.attention_backward_factor);
-  const double flops = attention_flops_per_pair_ * double(CausalPairs(q_begin, q_end));
-  return flops / (attention_peak_ * hw_.AttentionEfficiency(double(q_end - q_begin)));
-}
-
-double RankCosts::AttentionBackward(int64_t q_begin, int64_t q_end) const {
-  if (q_end <= q_begin) return 0.0;
+RankCosts::AttentionSeconds RankCosts::Attention(int64_t q_begin, int64_t q_end) const {
+  if (q_end <= q_begin) return {};
+  const double f = hw_.attention_backward_factor;
+  if (!table_) {
+    const double flops = attention_flops_per_pair_ * double(CausalPairs(q_begin, q_end));
+    const double forward = flops / (attention_peak_ * hw_.AttentionEfficiency(double(q_end - q_begin)));
+    return {forward, f * forward};
+  }
+  const double total = table_scale_ * table_->TaskCost(q_begin, q_end);
   // LoadHardwareProfile checked the forward table below the table at every
   // grid point, so the interpolated difference is positive.
-  if (forward_table_)
-    return table_scale_ * (table_->TaskCost(q_begin, q_end) - forward_table_->TaskCost(q_begin, q_end));
-  return hw_.attention_backward_factor * AttentionForward(q_begin, q_end);
+  const double forward = forward_table_ ? table_scale_ * forward_table_->TaskCost(q_begin, q_end) : total / (1.0 + f);
+  return {forward, forward_table_ ? total - forward : f * forward};
 }
 
-double RankCosts::CpShards(int64_t length, int c, double (RankCosts::*cost)(int64_t, int64_t) const) const {
-  double total = 0;
-  for (int i = 0; i < 2 * c; ++i) total += (this->*cost)(length * i / (2 * c), length * (i + 1) / (2 * c));
-  return total / c;
-}
-
-double RankCosts::AttentionForwardCp(int64_t length, int c) const {
-  if (c <= 1) return AttentionForward(0, length);
-  if (table_) return CpShards(length, c, &RankCosts::AttentionForward);
+RankCosts::AttentionSeconds RankCosts::AttentionCp(int64_t length, int c) const {
+  if (c <= 1) return Attention(0, length);
+  if (table_) {
+    AttentionSeconds sum;
+    for (int i = 0; i < 2 * c; ++i) {
+      const AttentionSeconds shard = Attention(length * i / (2 * c), length * (i + 1) / (2 * c));
+      sum.forward += shard.forward;
+      sum.backward += shard.backward;
+    }
+    return {sum.forward / c, sum.backward / c};
+  }
   const double flops = attention_flops_per_pair_ * double(CausalPairs(0, length)) / c;
   const double shard = std::max(1.0, double(length) / (2.0 * c));
-  return flops / (attention_peak_ * hw_.AttentionEfficiency(shard));
-}
-
-double RankCosts::AttentionBackwardCp(int64_t length, int c) const {
-  if (!forward_table_) return hw_.attention_backward_factor * AttentionForwardCp(length, c);
-  return c <= 1 ? AttentionBackward(0, length) : CpShards(length, c, &RankCosts::AttentionBackward);
+  const double forward = flops / (attention_peak_ * hw_.AttentionEfficiency(shard));
+  return {forward, hw_.attention_backward_factor * forward};
 }
 
 double RankCosts::AllToAll(double sent, double received, bool inter_node) const {

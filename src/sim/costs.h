@@ -80,17 +80,20 @@ class RankCosts {
   }
   // LM head (2 h V FLOPs per token), forward; runs on the last stage only.
   double HeadForward(double tokens) const { return tokens * head_flops_per_token_ / linear_rate_; }
-  // Core attention of query rows [q_begin, q_end) with KV [0, q_end), forward:
-  // 4 * CausalPairs * D * Hq FLOPs at efficiency eff(q_end - q_begin), or,
-  // with a matching attention table (HardwareProfile::attention_tables),
-  // scale * forward_table(q_len, kv_len = q_end) * (rank's query heads /
-  // table's), or without a forward table, scale * table(...) * (...) /
-  // (1 + attention_backward_factor).
-  double AttentionForward(int64_t q_begin, int64_t q_end) const;
-  // The same task, backward: with a forward table, scale * (table -
-  // forward_table)(...) * (...); otherwise attention_backward_factor times
-  // AttentionForward.
-  double AttentionBackward(int64_t q_begin, int64_t q_end) const;
+  // Core attention of query rows [q_begin, q_end) with KV [0, q_end), each
+  // pass. Forward: 4 * CausalPairs * D * Hq FLOPs at efficiency
+  // eff(q_end - q_begin); or, with a matching attention table
+  // (HardwareProfile::attention_tables), scale * forward_table(q_len, kv_len
+  // = q_end) * (rank's query heads / table's), and without a forward table
+  // scale * table(...) * (...) / (1 + attention_backward_factor). Backward:
+  // with a forward table, scale * (table - forward_table)(...) * (...);
+  // otherwise attention_backward_factor times the forward.
+  struct AttentionSeconds {
+    double forward = 0, backward = 0;
+  };
+  AttentionSeconds Attention(int64_t q_begin, int64_t q_end) const;
+  double AttentionForward(int64_t q_begin, int64_t q_end) const { return Attention(q_begin, q_end).forward; }
+  double AttentionBackward(int64_t q_begin, int64_t q_end) const { return Attention(q_begin, q_end).backward; }
   // Whether the measured table is in use; whether it splits a task's
   // forward and backward seconds as measured.
   bool measured_attention() const { return table_.has_value(); }
@@ -98,9 +101,10 @@ class RankCosts {
   // A document of `length` under context parallelism over c ranks (head/tail
   // or zig-zag: 2c shards of length / 2c, two per rank, each rank 1/c of the
   // pairs; c = 1: the whole document as one task). Seconds on each rank
-  // (with a table: the 2c shards' total over c), forward and backward.
-  double AttentionForwardCp(int64_t length, int c) const;
-  double AttentionBackwardCp(int64_t length, int c) const;
+  // (with a table: the 2c shards' total over c), each pass.
+  AttentionSeconds AttentionCp(int64_t length, int c) const;
+  double AttentionForwardCp(int64_t length, int c) const { return AttentionCp(length, c).forward; }
+  double AttentionBackwardCp(int64_t length, int c) const { return AttentionCp(length, c).backward; }
 
   // All-to-all of one rank: latency + max(sent, received) / (tp * bandwidth),
   // across nodes on the profile's all_to_all link when it has one.
@@ -157,11 +161,8 @@ class RankCosts {
   // the model's head dimension (HardwareProfile::attention_tables); else the
   // efficiency curve is used.
   std::optional<CostModel> table_, forward_table_;  // forward_table_ only with table_
-  // The 2c shards of a document under context parallelism, `cost` summed
-  // over them, over c.
-  double CpShards(int64_t length, int c, double (RankCosts::*cost)(int64_t, int64_t) const) const;
-  double table_scale_ = 1.0;             // the table's scale times the rank's query heads over the table's
-  double linear_rate_, attention_peak_;  // FLOP/s of the rank
+  double table_scale_ = 1.0;                        // the table's scale times the rank's query heads over the table's
+  double linear_rate_, attention_peak_;             // FLOP/s of the rank
   double linear_flops_per_token_, head_flops_per_token_, attention_flops_per_pair_;
   double backward_linear_factor_, backward_collectives_factor_;
   double kv_bytes_per_token_, hidden_bytes_per_token_, activation_bytes_per_token_, logits_bytes_per_token_;
