@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <utility>
 
 #include "bench/gemm_rate.h"
 #include "common/cpu_features.h"
@@ -188,7 +190,15 @@ bool CheckOptions(const AttentionBenchOptions& o, std::string* error) {
 
 }  // namespace
 
-bool MeasureAttentionCostTable(const AttentionBenchOptions& o, std::string* csv_out, std::string* error) {
+std::string ForwardTablePath(const std::string& table_path) {
+  std::filesystem::path p(table_path);
+  const std::string extension = p.extension().string();
+  p.replace_filename(p.stem().string() + "-forward" + extension);
+  return p.string();
+}
+
+bool MeasureAttentionCostTable(const AttentionBenchOptions& o, std::string* csv_out, std::string* forward_csv_out,
+                               std::string* error) {
   if (!CheckOptions(o, error)) return false;
   const AttentionKernel kernel = ResolveAttentionKernel(o.kernel);
   const std::vector<int64_t> q_lens =
@@ -196,10 +206,13 @@ bool MeasureAttentionCostTable(const AttentionBenchOptions& o, std::string* csv_
   const std::vector<int64_t> kv_lens =
       o.short_mode ? std::vector<int64_t>{512, 2048} : std::vector<int64_t>{128, 512, 2048, 8192, 32768};
   const double min_seconds = o.min_seconds > 0 ? o.min_seconds : (o.short_mode ? 0.02 : 0.2);
-  std::string csv = fmt::format(
-      "# distca-bench attention --table-out: seconds per task, forward + backward, "
-      "kernel {}, {} q heads, {} kv heads, head_dim {}, 1 thread\nq_len,kv_len,seconds\n",
-      AttentionKernelName(kernel), o.q_heads, o.kv_heads, o.head_dim);
+  const auto header = [&](const char* what) {
+    return fmt::format(
+        "# distca-bench attention --table-out: seconds per task, {}, kernel {}, {} q heads, {} kv heads, "
+        "head_dim {}, 1 thread\nq_len,kv_len,seconds\n",
+        what, AttentionKernelName(kernel), o.q_heads, o.kv_heads, o.head_dim);
+  };
+  std::string csv = header("forward + backward"), forward_csv = header("forward only");
   for (int64_t q : q_lens) {
     for (int64_t kv : kv_lens) {
       if (kv < q) continue;
@@ -212,35 +225,39 @@ bool MeasureAttentionCostTable(const AttentionBenchOptions& o, std::string* csv_
       w.shape.total_q = tasks * q;
       AllocateTensors(&w, 1);
       const AttentionExec exec{kernel, 1};
+      // The passes timed apart, each at its best; the backward reuses the
+      // forward's output and statistics.
       Status status;
-      const double secs = BestSeconds(
-          [&] {
-            status = Forward(w, exec);
-            if (status.ok()) status = Backward(w, exec);
-          },
-          min_seconds);
+      const double forward = BestSeconds([&] { status = Forward(w, exec); }, min_seconds / 2);
+      double backward = 0;
+      if (status.ok()) backward = BestSeconds([&] { status = Backward(w, exec); }, min_seconds / 2);
       if (!status.ok()) {
         *error = status.ToString();
         return false;
       }
-      csv += fmt::format("{},{},{:.9g}\n", q, kv, secs / double(tasks));
+      csv += fmt::format("{},{},{:.9g}\n", q, kv, (forward + backward) / double(tasks));
+      forward_csv += fmt::format("{},{},{:.9g}\n", q, kv, forward / double(tasks));
     }
   }
   *csv_out = std::move(csv);
+  *forward_csv_out = std::move(forward_csv);
   return true;
 }
 
 bool RunAttentionBench(const AttentionBenchOptions& o, std::string* error) {
   if (!CheckOptions(o, error)) return false;
   if (!o.table_out.empty()) {
-    std::string csv;
-    if (!MeasureAttentionCostTable(o, &csv, error)) return false;
-    if (const Status s = WriteTextFile(o.table_out, csv); !s.ok()) {
-      *error = s.ToString();
-      return false;
+    std::string csv, forward_csv;
+    if (!MeasureAttentionCostTable(o, &csv, &forward_csv, error)) return false;
+    const std::string forward_out = ForwardTablePath(o.table_out);
+    for (const auto& [path, text] : {std::pair{o.table_out, csv}, std::pair{forward_out, forward_csv}}) {
+      if (const Status s = WriteTextFile(path, text); !s.ok()) {
+        *error = s.ToString();
+        return false;
+      }
     }
-    fmt::print("wrote {} ({} heads x {} of {}, kernel {})\n", o.table_out, o.q_heads, o.kv_heads, o.head_dim,
-               AttentionKernelName(ResolveAttentionKernel(o.kernel)));
+    fmt::print("wrote {} and {} ({} heads x {} of {}, kernel {})\n", o.table_out, forward_out, o.q_heads, o.kv_heads,
+               o.head_dim, AttentionKernelName(ResolveAttentionKernel(o.kernel)));
     return true;
   }
   const AttentionKernel kernel = ResolveAttentionKernel(o.kernel);

@@ -90,6 +90,8 @@ bool RunProfileBench(const ProfileBenchOptions& o, std::string* error) {
   const std::string stem = out.stem().string();
   const std::string table_file = stem + "-attention.csv";
   const std::filesystem::path table_path = out.parent_path() / table_file;
+  const std::string forward_table_file = ForwardTablePath(table_file);
+  const std::filesystem::path forward_table_path = out.parent_path() / forward_table_file;
   if (!out.parent_path().empty()) {
     std::error_code ec;
     std::filesystem::create_directories(out.parent_path(), ec);
@@ -122,7 +124,7 @@ bool RunProfileBench(const ProfileBenchOptions& o, std::string* error) {
 
     // 1. Rank 0 alone: the GEMM peak and the CA engine's table, one thread.
     HardwareProfile p;
-    AttentionTable table{table_file, m.q_heads, m.kv_heads, m.head_dim(), 1.0, ""};
+    AttentionTable table{table_file, m.q_heads, m.kv_heads, m.head_dim(), 1.0, "", forward_table_file, ""};
     DISTCA_RETURN_IF_ERROR(AloneOnRankZero(comm, [&]() -> Status {
       try {
         p.peak_flops = MeasureGemmGflops(o.short_mode ? 512 : 2048, 1, o.short_mode ? 0.1 : 1.0) * 1e9;
@@ -135,8 +137,11 @@ bool RunProfileBench(const ProfileBenchOptions& o, std::string* error) {
       a.kv_heads = m.kv_heads;
       a.head_dim = m.head_dim();
       std::string table_error;
-      if (!MeasureAttentionCostTable(a, &table.csv, &table_error)) return Status::Internal(table_error);
-      return WriteTextFile(table_path.string(), table.csv);
+      if (!MeasureAttentionCostTable(a, &table.csv, &table.forward_csv, &table_error))
+        return Status::Internal(table_error);
+      // (Not DISTCA_RETURN_IF_ERROR: this lambda is inside one.)
+      const Status written = WriteTextFile(table_path.string(), table.csv);
+      return written.ok() ? WriteTextFile(forward_table_path.string(), table.forward_csv) : written;
     }));
 
     // 2. The link between ranks 0 and 1.
@@ -186,8 +191,9 @@ bool RunProfileBench(const ProfileBenchOptions& o, std::string* error) {
         "Measured by `distca-bench profile{}{}{}` on this machine, {} ranks ({} backend), one thread per rank, fp32, "
         "for "
         "distca-train's `{}` model ({} x {} heads of {}). peak = oneDNN sgemm on one thread ({:.1f} GFLOP/s); "
-        "core attention from {} (the CA engine's forward + backward seconds per task, one thread), and the "
-        "efficiency curve, for other head shapes, from its whole-document tasks (capped at 1); network = half the "
+        "core attention from {} (the CA engine's forward + backward seconds per task, one thread; the forward "
+        "pass alone in {}), and the efficiency curve, for other head shapes, from its whole-document tasks (capped "
+        "at 1); network = half the "
         "median "
         "round trip between ranks 0 and 1: {:.1f} us for 8 B, {:.2f} GB/s for {} MiB; memory = physical RAM / "
         "ranks. linear_mfu ({:.3f}) and the attention level (table scale and curve, x {:.3f}) fitted to the "
@@ -195,9 +201,9 @@ bool RunProfileBench(const ProfileBenchOptions& o, std::string* error) {
         "step(s)), largest error {:.1f}%.",
         o.short_mode ? " --short" : "", o.reps != ProfileBenchOptions{}.reps ? fmt::format(" --reps {}", o.reps) : "",
         o.model != ProfileBenchOptions{}.model ? " --model " + o.model : "", comm.size(), comm.backend(), m.name,
-        m.q_heads, m.kv_heads, m.head_dim(), p.peak_flops * 1e-9, table_file, small_s * 1e6, bandwidth * 1e-9,
-        large >> 20, fit.linear_mfu, fit.attention_factor, results.size(), tokens_per_rank, reps, base.steps - 1,
-        fit.max_relative_error * 100);
+        m.q_heads, m.kv_heads, m.head_dim(), p.peak_flops * 1e-9, table_file, forward_table_file, small_s * 1e6,
+        bandwidth * 1e-9, large >> 20, fit.linear_mfu, fit.attention_factor, results.size(), tokens_per_rank, reps,
+        base.steps - 1, fit.max_relative_error * 100);
     DISTCA_RETURN_IF_ERROR(WriteTextFile(o.out, HardwareProfileJson(so.hardware)));
     // What the simulator will read: the written files, loaded back.
     DISTCA_RETURN_IF_ERROR(LoadHardwareProfile(o.out, &so.hardware).WithContext("reading back"));
