@@ -250,7 +250,10 @@ Status LoadHardwareProfile(const std::string& path, HardwareProfile* profile) {
     const std::string where = fmt::format("{}: attention_tables[{}]", path, i);
     const auto read = [&](const std::string& name, std::string* csv) {
       const std::filesystem::path file = std::filesystem::path(path).parent_path() / name;
-      return ReadTextFile(file.string(), csv).WithContext(where);
+      DISTCA_RETURN_IF_ERROR(ReadTextFile(file.string(), csv).WithContext(where));
+      if (csv->empty())
+        return Status::InvalidArgument(fmt::format("{}: '{}' is empty or not a file", where, file.string()));
+      return Status::Ok();
     };
     DISTCA_RETURN_IF_ERROR(read(t.file, &t.csv));
     if (!t.forward_file.empty()) DISTCA_RETURN_IF_ERROR(read(t.forward_file, &t.forward_csv));

@@ -255,6 +255,8 @@ TEST(HardwareProfileTest, AttentionTableErrors) {
   EXPECT_EQ(back.attention_tables[0].forward_file, "f.csv");
   ASSERT_TRUE(WriteTextFile(dir + "/p.json", split).ok());
   EXPECT_EQ(LoadHardwareProfile(dir + "/p.json", &p).code(), StatusCode::kIoError);  // no f.csv yet
+  ASSERT_TRUE(WriteTextFile(dir + "/f.csv", "").ok());
+  EXPECT_TRUE(Contains(LoadHardwareProfile(dir + "/p.json", &p), "f.csv' is empty or not a file"));
   // kTableCsv's points are 1, 4 and 20 ms.
   const std::pair<const char*, const char*> refused[] = {
       {"q_len,kv_len,seconds\n128,128,1e-4\n128,1024,1e-3\n", "not on the same grid"},
