@@ -139,7 +139,8 @@ bool RunProfileBench(const ProfileBenchOptions& o, std::string* error) {
       std::string table_error;
       if (!MeasureAttentionCostTable(a, &table.csv, &table.forward_csv, &table_error))
         return Status::Internal(table_error);
-      // (Not DISTCA_RETURN_IF_ERROR: this lambda is inside one.)
+      // (Not DISTCA_RETURN_IF_ERROR: this lambda is inside one, whose
+      // status variable it would shadow.)
       const Status written = WriteTextFile(table_path.string(), table.csv);
       return written.ok() ? WriteTextFile(forward_table_path.string(), table.forward_csv) : written;
     }));
@@ -174,6 +175,9 @@ bool RunProfileBench(const ProfileBenchOptions& o, std::string* error) {
           large >> 20, large_s, small_s));
     const double bandwidth = double(large) / (large_s - small_s);
     p.intra_node = p.inter_node = {bandwidth, small_s};
+    // The curve's backward pass, as the table measured it.
+    DISTCA_RETURN_IF_ERROR(
+        MeasuredBackwardFactor(table, &p.attention_backward_factor).WithContext(table_path.string()));
     DISTCA_RETURN_IF_ERROR(EfficiencyCurveFromTable(table.csv, p.peak_flops, m.q_heads, m.head_dim(),
                                                     p.attention_backward_factor, &p.attention_efficiency)
                                .WithContext(table_path.string()));
@@ -193,17 +197,16 @@ bool RunProfileBench(const ProfileBenchOptions& o, std::string* error) {
         "distca-train's `{}` model ({} x {} heads of {}). peak = oneDNN sgemm on one thread ({:.1f} GFLOP/s); "
         "core attention from {} (the CA engine's forward + backward seconds per task, one thread; the forward "
         "pass alone in {}), and the efficiency curve, for other head shapes, from its whole-document tasks (capped "
-        "at 1); network = half the "
-        "median "
-        "round trip between ranks 0 and 1: {:.1f} us for 8 B, {:.2f} GB/s for {} MiB; memory = physical RAM / "
+        "at 1), with attention_backward_factor their median backward / forward time ({:.2f}); network = half the "
+        "median round trip between ranks 0 and 1: {:.1f} us for 8 B, {:.2f} GB/s for {} MiB; memory = physical RAM / "
         "ranks. linear_mfu ({:.3f}) and the attention level (table scale and curve, x {:.3f}) fitted to the "
         "colocated step times of the training benchmark's {} mixes ({} tokens per rank, median of {} run(s) x {} "
         "step(s)), largest error {:.1f}%.",
         o.short_mode ? " --short" : "", o.reps != ProfileBenchOptions{}.reps ? fmt::format(" --reps {}", o.reps) : "",
         o.model != ProfileBenchOptions{}.model ? " --model " + o.model : "", comm.size(), comm.backend(), m.name,
-        m.q_heads, m.kv_heads, m.head_dim(), p.peak_flops * 1e-9, table_file, forward_table_file, small_s * 1e6,
-        bandwidth * 1e-9, large >> 20, fit.linear_mfu, fit.attention_factor, results.size(), tokens_per_rank, reps,
-        base.steps - 1, fit.max_relative_error * 100);
+        m.q_heads, m.kv_heads, m.head_dim(), p.peak_flops * 1e-9, table_file, forward_table_file,
+        p.attention_backward_factor, small_s * 1e6, bandwidth * 1e-9, large >> 20, fit.linear_mfu, fit.attention_factor,
+        results.size(), tokens_per_rank, reps, base.steps - 1, fit.max_relative_error * 100);
     DISTCA_RETURN_IF_ERROR(WriteTextFile(o.out, HardwareProfileJson(so.hardware)));
     // What the simulator will read: the written files, loaded back.
     DISTCA_RETURN_IF_ERROR(LoadHardwareProfile(o.out, &so.hardware).WithContext("reading back"));

@@ -74,9 +74,12 @@ class CostModel {
   }
   bool measured() const { return !q_grid_.empty(); }
   const char* unit() const { return measured() ? "s" : "FLOP"; }
-  // A measured table's grid coordinates, increasing (empty for Flops).
+  // A measured table's grid coordinates, increasing, and its seconds at each
+  // grid cell, [q index][kv index] row-major (cells with kv < q copy the
+  // (kv, kv) point); all empty for Flops.
   const std::vector<double>& q_grid() const { return q_grid_; }
   const std::vector<double>& kv_grid() const { return kv_grid_; }
+  const std::vector<double>& grid_seconds() const { return seconds_; }
 
  private:
   double flops_per_pair_ = 0.0;

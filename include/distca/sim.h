@@ -333,6 +333,13 @@ struct ProfileFit {
 Status EfficiencyCurveFromTable(std::string_view csv, double peak_flops, int q_heads, int head_dim,
                                 double backward_factor, std::vector<std::pair<double, double>>* curve);
 
+// The backward / forward time of a table pair (AttentionTable's csv and
+// forward_csv, which must pass ValidateAttentionTable): the median over the
+// whole-document tasks (q_len == kv_len) of (table - forward) / forward,
+// clamped to [1, 100], the range a profile's attention_backward_factor
+// takes. Errors: invalid tables, or no whole-document task.
+Status MeasuredBackwardFactor(const AttentionTable& table, double* factor);
+
 // Fits options->hardware's linear_mfu and attention level so that the
 // simulator's colocated prediction of each step (ShapeFromBatches on the
 // step's batch; options gives model, gpus, tp, pp and the rest) matches the

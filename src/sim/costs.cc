@@ -62,10 +62,13 @@ RankCosts::AttentionSeconds RankCosts::Attention(int64_t q_begin, int64_t q_end)
     return {forward, f * forward};
   }
   const double total = table_scale_ * table_->TaskCost(q_begin, q_end);
-  // LoadHardwareProfile checked the forward table below the table at every
-  // grid point, so the interpolated difference is positive.
-  const double forward = forward_table_ ? table_scale_ * forward_table_->TaskCost(q_begin, q_end) : total / (1.0 + f);
-  return {forward, forward_table_ ? total - forward : f * forward};
+  if (forward_table_) {
+    // ValidateAttentionTable checked the forward table below the table at
+    // every grid cell, so the interpolated difference is positive.
+    const double forward = table_scale_ * forward_table_->TaskCost(q_begin, q_end);
+    return {forward, total - forward};
+  }
+  return {total / (1.0 + f), f * total / (1.0 + f)};
 }
 
 RankCosts::AttentionSeconds RankCosts::AttentionCp(int64_t length, int c) const {

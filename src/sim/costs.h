@@ -13,12 +13,14 @@
 namespace distca::sim {
 
 // Backward / forward time ratio of the linear layers (DESIGN.md section 3);
-// core attention's is the hardware profile's attention_backward_factor.
+// core attention's comes from the profile (RankCosts::Attention).
 inline constexpr double kBackwardLinearFactor = 2.0;
 
 class RankCosts {
  public:
-  // REQUIRES: model and hardware valid (ValidateSimOptions), tp >= 1.
+  // REQUIRES: model and hardware valid (ValidateSimOptions), tp >= 1. (A
+  // table whose text does not parse is not used: the curve, or the
+  // factor's split, takes its place.)
   // recompute_mlp: selective recomputation of the MLP (SimOptions).
   RankCosts(const ModelConfig& model, const HardwareProfile& hardware, int tp, bool recompute_mlp = false);
 

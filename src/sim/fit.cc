@@ -78,6 +78,33 @@ Status EfficiencyCurveFromTable(std::string_view csv, double peak_flops, int q_h
   return Status::Ok();
 }
 
+Status MeasuredBackwardFactor(const AttentionTable& table, double* factor) {
+  if (factor == nullptr) return Status::InvalidArgument("factor is null");
+  DISTCA_RETURN_IF_ERROR(ValidateAttentionTable(table));
+  if (table.forward_csv.empty())
+    return Status::InvalidArgument("attention table '" + table.file + "' has no forward table");
+  CostModel total, forward;
+  DISTCA_RETURN_IF_ERROR(CostModel::FromTableCsv(table.csv, &total));
+  DISTCA_RETURN_IF_ERROR(CostModel::FromTableCsv(table.forward_csv, &forward));
+  std::vector<double> ratios;
+  const std::vector<double>& qs = total.q_grid();
+  const std::vector<double>& kvs = total.kv_grid();
+  for (size_t i = 0; i < qs.size(); ++i) {
+    for (size_t k = 0; k < kvs.size(); ++k) {
+      if (kvs[k] != qs[i]) continue;
+      const double f = forward.grid_seconds()[i * kvs.size() + k], fb = total.grid_seconds()[i * kvs.size() + k];
+      ratios.push_back((fb - f) / f);
+    }
+  }
+  if (ratios.empty())
+    return Status::InvalidArgument("attention table '" + table.file + "' has no whole-document (q_len == kv_len) task");
+  std::sort(ratios.begin(), ratios.end());
+  const size_t n = ratios.size();
+  const double median = n % 2 == 1 ? ratios[n / 2] : 0.5 * (ratios[n / 2 - 1] + ratios[n / 2]);
+  *factor = std::clamp(median, 1.0, 100.0);
+  return Status::Ok();
+}
+
 Status FitColocatedSteps(const std::vector<MeasuredStep>& steps, SimOptions* options, ProfileFit* fit) {
   if (options == nullptr || fit == nullptr) return Status::InvalidArgument("options and fit must not be null");
   if (steps.size() < 2)

@@ -1,9 +1,13 @@
 // Hardware profiles: JSON parsing, validation, the attention-efficiency curve.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <initializer_list>
 #include <nlohmann/json.hpp>
+#include <string_view>
+#include <tuple>
 
 #include "common/file_util.h"
 #include "distca/plan.h"
@@ -38,6 +42,15 @@ Status Integer(const json& j, const std::string& where, const char* key, int* ou
   return Status::Ok();
 }
 
+// Every key of object `j` is one of `known`: a misspelt optional key would
+// otherwise be ignored without a word.
+Status OnlyKeys(const json& j, const std::string& where, std::initializer_list<std::string_view> known) {
+  for (auto it = j.begin(); it != j.end(); ++it)
+    if (std::find(known.begin(), known.end(), it.key()) == known.end())
+      return Status::InvalidArgument(fmt::format("{}: unknown key \"{}\"", where, it.key()));
+  return Status::Ok();
+}
+
 Status Text(const json& j, const char* key, std::string* out) {
   if (!j.contains(key) || !j.at(key).is_string())
     return Status::InvalidArgument(fmt::format("hardware profile: \"{}\" must be a string", key));
@@ -50,6 +63,7 @@ Status Link(const json& network, const char* key, LinkProfile* link) {
   if (!network.contains(key) || !network.at(key).is_object())
     return Status::InvalidArgument(where + " must be an object {\"bandwidth\", \"latency_s\"}");
   const json& l = network.at(key);
+  DISTCA_RETURN_IF_ERROR(OnlyKeys(l, where, {"bandwidth", "latency_s"}));
   DISTCA_RETURN_IF_ERROR(Number(l, where, "bandwidth", &link->bandwidth, 1e3, 1e15));
   return Number(l, where, "latency_s", &link->latency_s, 1e-12, 10);
 }
@@ -89,6 +103,7 @@ Status Tables(const json& j, std::vector<AttentionTable>* out) {
     const json& t = list[i];
     if (!t.is_object() || !t.contains("file") || !t.at("file").is_string() || t.at("file").get<std::string>().empty())
       return Status::InvalidArgument(where + " must be an object with a \"file\" name, q_heads, kv_heads, head_dim");
+    DISTCA_RETURN_IF_ERROR(OnlyKeys(t, where, {"file", "forward_file", "q_heads", "kv_heads", "head_dim", "scale"}));
     AttentionTable table;
     table.file = t.at("file").get<std::string>();
     DISTCA_RETURN_IF_ERROR(Integer(t, where, "q_heads", &table.q_heads));
@@ -137,6 +152,10 @@ Status ParseHardwareProfile(std::string_view text, HardwareProfile* profile) {
   if (j.is_discarded()) return Status::InvalidArgument("hardware profile is not valid JSON");
   if (!j.is_object()) return Status::InvalidArgument("hardware profile must be a JSON object");
   const std::string where = "hardware profile";
+  DISTCA_RETURN_IF_ERROR(
+      OnlyKeys(j, where,
+               {"name", "source", "gpus_per_node", "peak_flops", "linear_mfu", "tp_collectives", "attention_efficiency",
+                "attention_backward_factor", "attention_tables", "dtype_bytes", "memory_bytes", "network"}));
   HardwareProfile p;
   DISTCA_RETURN_IF_ERROR(Text(j, "name", &p.name));
   DISTCA_RETURN_IF_ERROR(Text(j, "source", &p.source));
@@ -159,6 +178,7 @@ Status ParseHardwareProfile(std::string_view text, HardwareProfile* profile) {
   DISTCA_RETURN_IF_ERROR(Number(j, where, "memory_bytes", &p.memory_bytes, 1e6, 1e15));
   if (!j.contains("network") || !j.at("network").is_object())
     return Status::InvalidArgument(where + ": \"network\" must be an object with intra_node and inter_node");
+  DISTCA_RETURN_IF_ERROR(OnlyKeys(j.at("network"), where + ": network", {"intra_node", "inter_node", "all_to_all"}));
   DISTCA_RETURN_IF_ERROR(Link(j.at("network"), "intra_node", &p.intra_node));
   DISTCA_RETURN_IF_ERROR(Link(j.at("network"), "inter_node", &p.inter_node));
   if (j.at("network").contains("all_to_all")) {
@@ -209,33 +229,44 @@ std::string HardwareProfileJson(const HardwareProfile& p) {
 }
 
 Status ValidateAttentionTable(const AttentionTable& t) {
-  const auto unread = [](const std::string& file) {
+  if (t.csv.empty())
     return Status::InvalidArgument(
-        fmt::format("hardware profile names the attention table '{}' but it was not read (load the profile with "
-                    "LoadHardwareProfile)",
-                    file));
-  };
-  if (t.csv.empty()) return unread(t.file);
+        fmt::format("the attention table '{}' was not read (load the profile with LoadHardwareProfile)", t.file));
   CostModel total, forward;
   DISTCA_RETURN_IF_ERROR(CostModel::FromTableCsv(t.csv, &total).WithContext("attention table '" + t.file + "'"));
-  if (t.forward_file.empty() && t.forward_csv.empty()) return Status::Ok();
+  if (t.forward_file.empty()) {
+    if (!t.forward_csv.empty())
+      return Status::InvalidArgument(
+          fmt::format("attention table '{}' has a forward table's text but no forward_file to name it", t.file));
+    return Status::Ok();
+  }
   const std::string where = "forward table '" + t.forward_file + "' of '" + t.file + "'";
-  if (t.forward_csv.empty()) return unread(t.forward_file);
+  if (t.forward_csv.empty())
+    return Status::InvalidArgument(where + " was not read (load the profile with LoadHardwareProfile)");
   DISTCA_RETURN_IF_ERROR(CostModel::FromTableCsv(t.forward_csv, &forward).WithContext(where));
-  // The backward pass costs the difference, which bilinear interpolation
-  // keeps positive everywhere when it is at every point of one grid.
-  if (forward.q_grid() != total.q_grid() || forward.kv_grid() != total.kv_grid())
-    return Status::InvalidArgument(where + ": not on the same grid (its q_len or kv_len values differ)");
-  for (double q : total.q_grid()) {
-    for (double kv : total.kv_grid()) {
-      if (kv < q) continue;
-      const auto begin = static_cast<int64_t>(kv - q), end = static_cast<int64_t>(kv);
-      const double f = forward.TaskCost(begin, end), fb = total.TaskCost(begin, end);
-      if (!(f < fb))
-        return Status::InvalidArgument(fmt::format(
-            "{}: at q_len {}, kv_len {} the forward seconds ({:g}) are not below the forward + backward seconds ({:g})",
-            where, q, kv, f, fb));
-    }
+  // The backward pass costs the difference. Both tables interpolate with
+  // the same weights on one grid (and scale by the same causal-pair ratio
+  // outside it), so a difference positive at every grid cell is positive
+  // for every task.
+  for (const auto& [name, mine, theirs] : {std::tuple{"q_len", &forward.q_grid(), &total.q_grid()},
+                                           std::tuple{"kv_len", &forward.kv_grid(), &total.kv_grid()}}) {
+    if (*mine == *theirs) continue;
+    size_t i = 0;
+    while (i < mine->size() && i < theirs->size() && (*mine)[i] == (*theirs)[i]) ++i;
+    return Status::InvalidArgument(i < mine->size() && i < theirs->size()
+                                       ? fmt::format("{}: not on the same grid ({} value {}: {:g} against {:g})", where,
+                                                     name, i, (*mine)[i], (*theirs)[i])
+                                       : fmt::format("{}: not on the same grid ({} {} values against {})", where,
+                                                     mine->size(), name, theirs->size()));
+  }
+  const size_t nk = total.kv_grid().size();
+  for (size_t i = 0; i < total.grid_seconds().size(); ++i) {
+    const double f = forward.grid_seconds()[i], fb = total.grid_seconds()[i];
+    if (!(f < fb))
+      return Status::InvalidArgument(fmt::format(
+          "{}: at q_len {:g}, kv_len {:g} the forward seconds ({:g}) are not below the forward + backward seconds "
+          "({:g})",
+          where, total.q_grid()[i / nk], total.kv_grid()[i % nk], f, fb));
   }
   return Status::Ok();
 }

@@ -176,6 +176,11 @@ TEST(HardwareProfileTest, ForwardTableSplitsEachTaskAsMeasured) {
   // Either way forward + backward is the table's total.
   for (const RankCosts* c : {&k, &kw})
     EXPECT_NEAR(c->AttentionForwardCp(1024, 2) + c->AttentionBackwardCp(1024, 2), 1.5 * 10e-3 / 2, kRel);
+  // Past the grid both tables scale by the causal-pair ratio: a 2048
+  // document is the (1024, 1024) point times 2048 * 2049 / (1024 * 1025).
+  const double pairs = 2048.0 * 2049 / (1024.0 * 1025);
+  EXPECT_NEAR(k.AttentionForward(0, 2048), 1.5 * 5e-3 * pairs, kRel);
+  EXPECT_NEAR(k.AttentionBackward(0, 2048), 1.5 * 15e-3 * pairs, kRel);
   // The efficiency curve (another head dimension) splits by the factor.
   ModelConfig other = TestModel();
   other.hidden = 128;
@@ -236,7 +241,7 @@ TEST(HardwareProfileTest, AttentionTableErrors) {
   // A table named but never read is refused by the simulator.
   SimOptions o = sim_test::TestOptions();
   ASSERT_TRUE(ParseHardwareProfile(json, &o.hardware).ok());
-  EXPECT_TRUE(Contains(ValidateSimOptions(o), "names the attention table 't.csv' but it was not read"));
+  EXPECT_TRUE(Contains(ValidateSimOptions(o), "hardware profile: the attention table 't.csv' was not read"));
 
   // A forward-only table: a file name, read next to the profile, on the
   // table's grid and below it at every point.
@@ -259,7 +264,9 @@ TEST(HardwareProfileTest, AttentionTableErrors) {
   EXPECT_TRUE(Contains(LoadHardwareProfile(dir + "/p.json", &p), "f.csv' is empty or not a file"));
   // kTableCsv's points are 1, 4 and 20 ms.
   const std::pair<const char*, const char*> refused[] = {
-      {"q_len,kv_len,seconds\n128,128,1e-4\n128,1024,1e-3\n", "not on the same grid"},
+      {"q_len,kv_len,seconds\n128,128,1e-4\n128,1024,1e-3\n", "not on the same grid (1 q_len values against 2)"},
+      {"q_len,kv_len,seconds\n128,128,1e-4\n128,1000,1e-3\n1000,1000,5e-3\n",
+       "not on the same grid (q_len value 1: 1000 against 1024)"},
       {"q_len,kv_len,seconds\n128,128,1e-4\n128,1024,4e-3\n1024,1024,5e-3\n",
        "at q_len 128, kv_len 1024 the forward seconds (0.004) are not below the forward + backward seconds (0.004)"},
       {"q_len,kv_len\n", "forward table 'f.csv' of 't.csv'"},
@@ -277,9 +284,12 @@ TEST(HardwareProfileTest, AttentionTableErrors) {
   // Named but never read, or made by hand below nothing: refused.
   ASSERT_TRUE(ParseHardwareProfile(split, &o.hardware).ok());
   o.hardware.attention_tables[0].csv = kTableCsv;
-  EXPECT_TRUE(Contains(ValidateSimOptions(o), "names the attention table 'f.csv' but it was not read"));
+  EXPECT_TRUE(Contains(ValidateSimOptions(o), "forward table 'f.csv' of 't.csv' was not read"));
   o.hardware.attention_tables[0].forward_csv = kTableCsv;
   EXPECT_TRUE(Contains(ValidateSimOptions(o), "are not below"));
+  // A forward table's text with no file to name it would be lost on saving.
+  o.hardware.attention_tables[0].forward_file.clear();
+  EXPECT_TRUE(Contains(ValidateSimOptions(o), "has a forward table's text but no forward_file"));
 }
 
 TEST(HardwareProfileTest, ErrorsNameTheField) {
@@ -294,8 +304,21 @@ TEST(HardwareProfileTest, ErrorsNameTheField) {
   };
   EXPECT_TRUE(Contains(ParseHardwareProfile(replace("\"peak_flops\": 1e12", "\"peak_flops\": -1"), &p),
                        "\"peak_flops\" must be positive"));
+  // A misspelt key is named, at every level, rather than ignored.
+  EXPECT_TRUE(Contains(ParseHardwareProfile(replace("\"peak_flops\": 1e12", "\"peak\": 1e12"), &p),
+                       "hardware profile: unknown key \"peak\""));
+  EXPECT_TRUE(Contains(ParseHardwareProfile(replace("\"intra_node\"", "\"intra\": {}, \"intra_node\""), &p),
+                       "hardware profile: network: unknown key \"intra\""));
+  EXPECT_TRUE(Contains(ParseHardwareProfile(replace("\"latency_s\": 1e-5", "\"latency_s\": 1e-5, \"lat\": 1"), &p),
+                       "network.inter_node: unknown key \"lat\""));
   EXPECT_TRUE(
-      Contains(ParseHardwareProfile(replace("\"peak_flops\": 1e12", "\"peak\": 1e12"), &p), "missing \"peak_flops\""));
+      Contains(ParseHardwareProfile(
+                   replace("\"dtype_bytes\"",
+                           R"("attention_tables": [{"file": "t.csv", "forward": "f.csv", "q_heads": 4, "kv_heads": 2, )"
+                           R"("head_dim": 16}], "dtype_bytes")"),
+                   &p),
+               "attention_tables[0]: unknown key \"forward\""));
+  EXPECT_TRUE(Contains(ParseHardwareProfile(replace("\"peak_flops\": 1e12, ", ""), &p), "missing \"peak_flops\""));
   EXPECT_TRUE(Contains(ParseHardwareProfile(replace("\"linear_mfu\": 0.5", "\"linear_mfu\": 1.5"), &p),
                        "\"linear_mfu\" must be in [1e-06, 1], got 1.5"));
   // Absurd magnitudes would make every simulated time infinite or zero.

@@ -186,6 +186,40 @@ TEST(EfficiencyCurveFromTableTest, WholeDocumentTasksAtTheFlopCount) {
   EXPECT_FALSE(EfficiencyCurveFromTable(csv, 0, 4, 16, 2.5, &curve).ok());
 }
 
+TEST(MeasuredBackwardFactorTest, MedianOverWholeDocumentTasks) {
+  // Whole documents of 128, 512 and 1024 rows: backward / forward
+  // (1.5 - 0.5) / 0.5 = 2, (4 - 1) / 1 = 3, (9 - 2) / 2 = 3.5; median 3. The
+  // 128-row task on a 1024 prefix (ratio 9) is not a whole document.
+  AttentionTable t{"t.csv",
+                   4,
+                   2,
+                   16,
+                   1.0,
+                   "q_len,kv_len,seconds\n128,128,1.5\n128,512,2\n128,1024,10\n512,512,4\n512,1024,6\n"
+                   "1024,1024,9\n"};
+  t.forward_file = "f.csv";
+  t.forward_csv = "q_len,kv_len,seconds\n128,128,0.5\n128,512,0.7\n128,1024,1\n512,512,1\n512,1024,2\n1024,1024,2\n";
+  double factor = 0;
+  ASSERT_TRUE(MeasuredBackwardFactor(t, &factor).ok());
+  EXPECT_DOUBLE_EQ(factor, 3.0);
+  // Clamped to a profile's range: a backward faster than the forward reads 1.
+  AttentionTable fast = t;
+  fast.forward_csv = "q_len,kv_len,seconds\n128,128,1\n128,512,1.5\n128,1024,9\n512,512,3\n512,1024,5\n1024,1024,8\n";
+  ASSERT_TRUE(MeasuredBackwardFactor(fast, &factor).ok());
+  EXPECT_DOUBLE_EQ(factor, 1.0);
+  AttentionTable none = t;
+  none.forward_file.clear();
+  none.forward_csv.clear();
+  EXPECT_TRUE(Contains(MeasuredBackwardFactor(none, &factor), "has no forward table"));
+  AttentionTable above = t;
+  above.forward_csv = t.csv;
+  EXPECT_TRUE(Contains(MeasuredBackwardFactor(above, &factor), "are not below"));
+  AttentionTable rows{"r.csv", 4, 2, 16, 1.0, "q_len,kv_len,seconds\n128,1024,2\n"};
+  rows.forward_file = "rf.csv";
+  rows.forward_csv = "q_len,kv_len,seconds\n128,1024,1\n";
+  EXPECT_TRUE(Contains(MeasuredBackwardFactor(rows, &factor), "no whole-document"));
+}
+
 TEST(FitColocatedStepsTest, RefusesWhatCannotBeFitted) {
   FitCase f = MakeCase(0.2, 1.0);
   ProfileFit fit;
