@@ -212,9 +212,12 @@ Status ValidateSimOptions(const SimOptions& o) {
     return Status::InvalidArgument(
         fmt::format("tp ({}) must divide the {} query heads and divide, or be a multiple of, the {} K/V heads", o.tp,
                     o.model.q_heads, o.model.kv_heads));
-  if (o.gpus % (o.tp * o.pp) != 0)
+  // tp x pp in 64 bits: two large factors would overflow an int (and a
+  // product wrapping to 0 would divide by zero below).
+  const int64_t tp_pp = int64_t{o.tp} * o.pp;
+  if (tp_pp > o.gpus || o.gpus % tp_pp != 0)
     return Status::InvalidArgument(
-        fmt::format("gpus ({}) is not a multiple of tp x pp ({} x {} = {})", o.gpus, o.tp, o.pp, o.tp * o.pp));
+        fmt::format("gpus ({}) is not a multiple of tp x pp ({} x {} = {})", o.gpus, o.tp, o.pp, tp_pp));
   if (o.model.num_layers % o.pp != 0)
     return Status::InvalidArgument(
         fmt::format("the model's {} layers do not split into pp = {} equal stages", o.model.num_layers, o.pp));

@@ -115,11 +115,13 @@ std::vector<CpStageCost> CostCpMicroBatches(const SimContext& ctx,
 // of replica r in execution order, each spread over the replica's c ranks
 // and run through the pp-stage 1F1B pipeline; fills everything in `out`.
 // Memory per rank:
-// the largest min(pp - s, m) micro-batches' tokens / c in flight, and one
-// layer's gathered K/V plus their dK/dV partials (2 x tokens x K/V bytes of
-// the largest micro-batch) when c > 1; with keeps_gathered_kv (per-document
-// CP with an all-gather, whose backward reuses the gathered K/V), also the
-// other c - 1 ranks' K/V of every layer of the micro-batches in flight.
+// the largest min(pp - s, m) micro-batches' tokens / c in flight and, when
+// c > 1, one layer's CP buffers: without keeps_gathered_kv (ring
+// attention), its gathered K/V plus their dK/dV partials (2 x tokens x K/V
+// bytes of the largest micro-batch); with it (per-document CP with an
+// all-gather, whose backward reuses the gathered K/V), the partials alone
+// (1 x), and the other c - 1 ranks' K/V of every layer of the micro-batches
+// in flight.
 Status RunContextParallel(const SimContext& ctx, const std::vector<CpStageCost>& costs,
                           const std::vector<std::vector<int>>& replicas, int c, BatchOutcome* out);
 

@@ -898,6 +898,9 @@ TEST(SimulateTest, RejectsBadOptionsAndBatches) {
   o.gpus = 6;
   o.pp = 2;
   EXPECT_TRUE(Contains(Simulate(o, {{1024, 1024}}, {SimStrategy::kDistca}, &r), "not a multiple of tp x pp"));
+  // tp x pp past an int (2 x 2^31 - 2): refused, not wrapped into a division by zero.
+  o.pp = 0x7fffffff;
+  EXPECT_TRUE(Contains(Simulate(o, {{1024, 1024}}, {SimStrategy::kDistca}, &r), "= 4294967294)"));
   o = TestOptions();
   o.batch_size = 3;
   o.cp = 1;
