@@ -143,7 +143,8 @@ Status PlanLayout(const PlanOptions& o, const CostModel& cost, Plan p, Plan* pla
   };
   double eps = o.tolerance;
   DISTCA_RETURN_IF_ERROR(PlanOnce(o, cost, eps, &p));
-  if (o.comm_budget > 0 && busiest(p) > o.comm_budget) {
+  // Colocated moves nothing whatever eps is: there is nothing to search.
+  if (o.comm_budget > 0 && busiest(p) > o.comm_budget && o.policy != PlanPolicy::kColocated) {
     // Raise eps until the busiest rank's traffic fits. Once eps covers the
     // colocated plan's own imbalance on both sides, no policy moves anything
     // (distca caps the maximum at (1 + eps) mean; the paper's recipients pull
@@ -152,7 +153,11 @@ Status PlanLayout(const PlanOptions& o, const CostModel& cost, Plan p, Plan* pla
     PlanOptions co = o;
     co.policy = PlanPolicy::kColocated;
     DISTCA_RETURN_IF_ERROR(PlanOnce(co, cost, 0.0, &colocated));
-    const double eps_max = std::max(colocated.stats.max_over_mean() - 1.0, 1.0 - colocated.stats.min_over_mean());
+    double eps_max = std::max(colocated.stats.max_over_mean() - 1.0, 1.0 - colocated.stats.min_over_mean());
+    // The paper policy loads a piece as its head and tail halves, which a
+    // measured table does not cost as the whole piece; from eps 1 on no
+    // recipient's deficit (at most the mean) exceeds eps * mean.
+    if (o.policy == PlanPolicy::kPaper) eps_max = std::max(eps_max, 1.0);
     // What the layout alone needs; with budget_grows, the budget rises to it.
     const int64_t layout_need = busiest(colocated);
     const int64_t budget = o.budget_grows ? std::max(o.comm_budget, layout_need) : o.comm_budget;
@@ -174,6 +179,12 @@ Status PlanLayout(const PlanOptions& o, const CostModel& cost, Plan p, Plan* pla
     // tens, hundreds of steps.
     constexpr int64_t kStepByStep = 20;
     auto fits = [&](const Plan& q) { return busiest(q) <= budget; };
+    // A budget raised to the layout's need may hold the plan at the
+    // requested tolerance already.
+    if (fits(p)) {
+      *plan = std::move(p);
+      return Status::Ok();
+    }
     auto at_step = [&](int64_t k) { return o.tolerance + 0.05 * double(k); };
     int64_t fail = 0, fit = 1;
     for (;; fit = fit < kStepByStep ? fit + 1 : 2 * fit) {

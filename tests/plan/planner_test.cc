@@ -439,6 +439,56 @@ TEST(PlannerTest, CommBudgetRaisesTolerance) {
   EXPECT_TRUE(Contains(BuildPlan(Skewed(), o, cost, &p), "needs budget_per_exchange"));
 }
 
+// With budget_grows, a budget below what the layout needs rises to that
+// need, and the requested tolerance stands where its plan fits the raised
+// budget: here rank 0 holds eight 512 documents (the most tokens, about
+// the mean attention) and keeps them, rank 1 one 2048 document, which
+// spreads over rank 1 and an idle dedicated server; the busiest exchange,
+// rank 0's own rows, is what the colocated plan's is.
+TEST(PlannerTest, BudgetGrowsKeepsTheToleranceWhereItsPlanFits) {
+  PlanOptions o;
+  o.ranks = 2;
+  o.dedicated_servers = 1;
+  o.budget_per_exchange = true;
+  o.budget_counts_local = true;
+  const CostModel cost = CostModel::Flops(o.model);
+  std::vector<PlanDocument> docs(9);
+  for (int d = 0; d < 8; ++d) {
+    docs[d].length = 512;
+    docs[d].pieces = {{0, 0, 512}};
+  }
+  docs[8].length = 2048;
+  docs[8].pieces = {{1, 0, 2048}};
+  auto need = [&](PlanPolicy policy, int64_t budget, bool grows, Plan* p) {
+    PlanOptions x = o;
+    x.policy = policy;
+    x.comm_budget = budget;
+    x.budget_grows = grows;
+    EXPECT_TRUE(BuildPlanForLayout(docs, x, cost, p).ok()) << PlanPolicyName(policy);
+    return p->stats.traffic.max_exchange_bytes(true);
+  };
+  Plan colocated, free, grown;
+  const int64_t layout_need = need(PlanPolicy::kColocated, 0, false, &colocated);
+  int exercised = 0;
+  for (PlanPolicy policy : {PlanPolicy::kPaper, PlanPolicy::kDistca}) {
+    const int64_t plan_need = need(policy, 0, false, &free);
+    need(policy, 1, true, &grown);
+    EXPECT_TRUE(ValidatePlanForLayout(grown, cost).ok());
+    if (plan_need <= layout_need) {
+      ++exercised;
+      EXPECT_EQ(grown.tolerance_used, o.tolerance) << PlanPolicyName(policy);
+      EXPECT_EQ(grown.stats.traffic.max_exchange_bytes(true), plan_need) << PlanPolicyName(policy);
+    } else {
+      EXPECT_GT(grown.tolerance_used, o.tolerance) << PlanPolicyName(policy);
+      EXPECT_LE(grown.stats.traffic.max_exchange_bytes(true), layout_need) << PlanPolicyName(policy);
+    }
+  }
+  EXPECT_GT(exercised, 0);  // the case this test is for occurs
+  // Colocated moves nothing at any eps: its tolerance stands too.
+  need(PlanPolicy::kColocated, 1, true, &grown);
+  EXPECT_EQ(grown.tolerance_used, o.tolerance);
+}
+
 // The budget search (galloping, then bisection over steps of 0.05) lands on
 // the step a step-by-step search finds: the first whose busiest rank fits.
 // Budgets from the tightest to the loosest, with 4 ranks alone and with 60
