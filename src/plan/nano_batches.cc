@@ -18,6 +18,9 @@ Status SplitNanoBatches(const std::vector<int64_t>& lengths, int count, std::vec
   double total_tokens = 0, total_work = 0;
   for (int64_t len : lengths) {
     if (len <= 0) return Status::InvalidArgument(fmt::format("document length {} is not positive", len));
+    if (len > kMaxDocumentLength)
+      return Status::OutOfRange(
+          fmt::format("document length {} is more than the supported {}", len, kMaxDocumentLength));
     total_tokens += double(len);
     total_work += double(CausalPairs(0, len));
   }

@@ -93,9 +93,17 @@ Status ComputePlanStats(const Plan& plan, const CostModel& cost, PlanStats* stat
     return a.doc != b.doc ? a.doc < b.doc : (a.server != b.server ? a.server < b.server : a.q_begin < b.q_begin);
   });
   PlanTraffic& t = s.traffic;
+  // Every counter, and any two of them summed (sent + local, forward +
+  // backward), is at most the total of all bytes counted, moved or kept;
+  // below 2^62 nothing overflows. (A product rows x rate is below 2^31 x
+  // 2^30.)
+  constexpr double kMaxCountedBytes = 0x1p62;
+  double counted = 0;
   // `bytes` from `from` to `to` in exchange e; rows a server holds itself
   // do not move and are only counted as local.
-  auto add = [&t](PlanExchange e, int from, int to, int64_t bytes) {
+  auto add = [&t, &counted](PlanExchange e, int from, int to, int64_t bytes) {
+    counted += double(bytes);
+    if (counted > kMaxCountedBytes) return;
     const int i = static_cast<int>(e);
     if (from == to) {
       t.exchange_local[i][from] += bytes;
@@ -135,6 +143,11 @@ Status ComputePlanStats(const Plan& plan, const CostModel& cost, PlanStats* stat
       add(PlanExchange::kBackwardReturn, server, owner, rows * rates.kv[3]);
     });
   }
+  if (counted > kMaxCountedBytes)
+    return Status::OutOfRange(fmt::format(
+        "the plan's exchanges carry {:.3g} bytes in all, more than 64-bit counters can hold (fewer or shorter "
+        "documents, or a narrower model)",
+        counted));
   s.load_mean = std::accumulate(s.load.begin(), s.load.end(), 0.0) / servers;
   s.load_max = *std::max_element(s.load.begin(), s.load.end());
   s.load_min = *std::min_element(s.load.begin(), s.load.end());

@@ -76,6 +76,9 @@ Status ValidateTasks(const Plan& plan) {
         return Status::InvalidArgument(fmt::format("document {}: query rows [{}, {}) are {}", d,
                                                    std::min(pos, t->q_begin), std::max(pos, t->q_begin),
                                                    t->q_begin > pos ? "computed by no task" : "computed twice"));
+      if (t->q_end > doc.length)
+        return Status::InvalidArgument(fmt::format("document {}: a task's query rows [{}, {}) run past its length {}",
+                                                   d, t->q_begin, t->q_end, doc.length));
       for (int64_t cut : {t->q_begin, t->q_end}) {
         if (!AllowedCut(doc, cut, plan.block))
           return Status::InvalidArgument(

@@ -195,6 +195,9 @@ TEST(ValidateTest, AcceptsTheHandPlanAndCatchesEveryBreak) {
   p.tasks[1].q_begin = 2;  // [2, 6) overlaps [0, 4)
   EXPECT_TRUE(Contains(validated(p), "computed twice"));
   p = HandPlan();
+  p.tasks.back().q_end = p.documents[p.tasks.back().doc].length + 2;  // a block multiple past the end
+  EXPECT_TRUE(Contains(validated(p), "run past its length"));
+  p = HandPlan();
   p.tasks[0].q_end = 3;  // 3 is no block multiple (block 2) nor a piece boundary
   p.tasks[1].q_begin = 3;
   EXPECT_TRUE(Contains(validated(p), "not a multiple of the block"));
@@ -552,6 +555,24 @@ TEST(PlannerTest, TightestCommBudgetFitsEveryPolicy) {
       EXPECT_LE(p.stats.traffic.max_rank_bytes(), o.comm_budget);
     }
   }
+}
+
+// Byte counts that 64 bits cannot hold are refused, not wrapped: 32 ranks
+// of a 2^31-token document at the widest model move about 31 x 2^30 K/V
+// rows of 3 x 2^27 bytes each backward, past 2^63.
+TEST(PlannerTest, ByteCountsBeyond64BitsAreRefused) {
+  PlanOptions o;
+  o.ranks = 32;
+  o.policy = PlanPolicy::kColocated;
+  o.model = {4096, 4096, 4096, 8, PlanWire::kDistca};
+  Plan p;
+  const Status s = BuildPlan({kMaxDocumentLength}, o, CostModel::Flops(o.model), &p);
+  EXPECT_EQ(s.code(), StatusCode::kOutOfRange) << s.ToString();
+  EXPECT_TRUE(Contains(s, "more than 64-bit counters can hold")) << s.ToString();
+  // A narrower model fits.
+  o.model = {32, 8, 128, 2, PlanWire::kDistca};
+  ASSERT_TRUE(BuildPlan({kMaxDocumentLength}, o, CostModel::Flops(o.model), &p).ok());
+  EXPECT_GT(p.stats.traffic.total_bytes(), 0);
 }
 
 TEST(PlannerTest, BadOptions) {

@@ -63,6 +63,8 @@ TEST(PingPongTest, NanoBatchesBalanceTokensAndWork) {
   }
   std::vector<std::vector<int>> nano;
   EXPECT_EQ(SplitNanoBatches({5}, 2, &nano).code(), StatusCode::kInvalidArgument);
+  // Lengths whose causal pairs would overflow are refused.
+  EXPECT_EQ(SplitNanoBatches({kMaxDocumentLength + 1, 5}, 2, &nano).code(), StatusCode::kOutOfRange);
 }
 
 TEST(PingPongTest, TracesEverySpanAsChromeJson) {
