@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "distca/plan.h"
+#include "plan/planner_internal.h"
 
 namespace distca {
 
@@ -100,6 +101,7 @@ Status PlanFromJson(std::string_view text, Plan* plan) {
       DISTCA_RETURN_IF_ERROR(ParsePlanWire(m["wire"].get<std::string>(), &p.model.wire));
     }
   }
+  DISTCA_RETURN_IF_ERROR(plan::CheckPlanShape(p.ranks, p.dedicated_servers, p.model).WithContext("plan"));
   const nlohmann::json* docs = nullptr;
   DISTCA_RETURN_IF_ERROR(ReadArray(j, "documents", "plan", &docs));
   for (size_t d = 0; d < docs->size(); ++d) {

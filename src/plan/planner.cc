@@ -43,24 +43,13 @@ Status PlanColocated(const CostModel& cost, Plan* plan, std::vector<double>* loa
   return Status::Ok();
 }
 
-}  // namespace plan
-
-namespace {
-
-Status ValidateOptions(const PlanOptions& o) {
-  if (o.ranks <= 0) return Status::InvalidArgument(fmt::format("ranks must be positive, got {}", o.ranks));
-  if (o.dedicated_servers < 0)
-    return Status::InvalidArgument(fmt::format("dedicated servers must be >= 0, got {}", o.dedicated_servers));
-  if (int64_t{o.ranks} + o.dedicated_servers > kMaxPlanServers)
-    return Status::OutOfRange(fmt::format("{} ranks and {} dedicated servers are above the limit of {} in all", o.ranks,
-                                          o.dedicated_servers, kMaxPlanServers));
-  if (!(o.tolerance >= 0) || !std::isfinite(o.tolerance))
-    return Status::InvalidArgument(fmt::format("tolerance must be a finite number >= 0, got {}", o.tolerance));
-  if (o.block <= 0) return Status::InvalidArgument(fmt::format("block must be positive, got {}", o.block));
-  if (o.comm_budget < 0) return Status::InvalidArgument(fmt::format("comm budget must be >= 0, got {}", o.comm_budget));
-  if (o.budget_counts_local && !o.budget_per_exchange)
-    return Status::InvalidArgument("budget_counts_local bounds single exchanges: it needs budget_per_exchange");
-  const PlanModel& m = o.model;
+Status CheckPlanShape(int ranks, int dedicated_servers, const PlanModel& m) {
+  if (ranks <= 0) return Status::InvalidArgument(fmt::format("ranks must be positive, got {}", ranks));
+  if (dedicated_servers < 0)
+    return Status::InvalidArgument(fmt::format("dedicated servers must be >= 0, got {}", dedicated_servers));
+  if (int64_t{ranks} + dedicated_servers > kMaxPlanServers)
+    return Status::OutOfRange(fmt::format("{} ranks and {} dedicated servers are above the limit of {} in all", ranks,
+                                          dedicated_servers, kMaxPlanServers));
   if (m.q_heads <= 0 || m.kv_heads <= 0 || m.head_dim <= 0 || m.dtype_bytes <= 0)
     return Status::InvalidArgument(
         fmt::format("model sizes must be positive (q_heads {}, kv_heads {}, head_dim {}, "
@@ -75,6 +64,21 @@ Status ValidateOptions(const PlanOptions& o) {
     return Status::OutOfRange(
         fmt::format("q_heads x head_dim ({} x {}) must be at most {} and dtype_bytes ({}) at most 8", m.q_heads,
                     m.head_dim, kMaxPlanWidth, m.dtype_bytes));
+  return Status::Ok();
+}
+
+}  // namespace plan
+
+namespace {
+
+Status ValidateOptions(const PlanOptions& o) {
+  DISTCA_RETURN_IF_ERROR(plan::CheckPlanShape(o.ranks, o.dedicated_servers, o.model));
+  if (!(o.tolerance >= 0) || !std::isfinite(o.tolerance))
+    return Status::InvalidArgument(fmt::format("tolerance must be a finite number >= 0, got {}", o.tolerance));
+  if (o.block <= 0) return Status::InvalidArgument(fmt::format("block must be positive, got {}", o.block));
+  if (o.comm_budget < 0) return Status::InvalidArgument(fmt::format("comm budget must be >= 0, got {}", o.comm_budget));
+  if (o.budget_counts_local && !o.budget_per_exchange)
+    return Status::InvalidArgument("budget_counts_local bounds single exchanges: it needs budget_per_exchange");
   return Status::Ok();
 }
 

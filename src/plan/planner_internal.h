@@ -24,6 +24,13 @@ struct ByteRates {
 
 ByteRates ByteRatesFor(const PlanModel& model);
 
+// The limits every plan keeps, however it was made (planned or read from a
+// file): ranks >= 1, dedicated servers >= 0, at most kMaxPlanServers in
+// all; positive model sizes, q_heads a multiple of kv_heads, q_heads x
+// head_dim at most kMaxPlanWidth and elements of at most 8 bytes (so that
+// a row range's bytes fit in 64 bits).
+Status CheckPlanShape(int ranks, int dedicated_servers, const PlanModel& model);
+
 // The layout part of ValidatePlanForLayout: every document's pieces
 // partition it and lie on ranks of the plan.
 Status CheckLayout(const Plan& plan);

@@ -554,6 +554,11 @@ Status DistcaPlanner::Run(double eps, std::vector<double>* loads) {
   // greedy's, and merged measured costs are not sums of their parts).
   load_.assign(servers_, 0.0);
   for (const PlanTask& t : tasks) load_[t.server] += Cost(t.q_begin, t.q_end);
+  // bound_met says whether these final loads meet the bound: with a
+  // measured table, merging moves loads and mean off what cap_ was set
+  // from. (With FLOPs nothing changes.)
+  const double final_mean = std::accumulate(load_.begin(), load_.end(), 0.0) / servers_;
+  plan_.bound_met = *std::max_element(load_.begin(), load_.end()) <= (1 + eps) * final_mean * (1 + 1e-9);
   *loads = load_;
   return Status::Ok();
 }

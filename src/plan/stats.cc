@@ -58,8 +58,9 @@ void RowsByOwner(const PlanDocument& doc, int64_t a, int64_t b, Fn&& fn) {
 
 Status ComputePlanStats(const Plan& plan, const CostModel& cost, PlanStats* stats) {
   if (stats == nullptr) return Status::InvalidArgument("stats is null");
+  // The shape first: the arrays below hold one entry per server.
+  DISTCA_RETURN_IF_ERROR(plan::CheckPlanShape(plan.ranks, plan.dedicated_servers, plan.model));
   const int servers = plan.servers();
-  if (servers <= 0) return Status::InvalidArgument(fmt::format("plan has {} servers", servers));
   // Pieces index the per-server arrays: check them even when the plan came
   // from a file and was never validated.
   for (size_t d = 0; d < plan.documents.size(); ++d) {

@@ -76,6 +76,34 @@ TEST(CostModelTest, TableInterpolatesBilinearlyAndScalesOutside) {
   EXPECT_NEAR(t.TaskCost(2048 - 512, 2048), 8.0 * pairs_out / pairs_in, 1e-9);
 }
 
+std::vector<int64_t> Skewed();  // below: one long document and many short ones
+
+// With a measured table a merged task does not cost the sum of its parts;
+// bound_met still says whether the final loads meet (1 + eps) x their mean.
+TEST(PlannerTest, BoundMetDescribesTheFinalLoadsUnderATable) {
+  CostModel t;
+  ASSERT_TRUE(CostModel::FromTableCsv("q_len,kv_len,seconds\n128,128,1\n128,4096,9\n4096,4096,40\n", &t).ok());
+  int met = 0, missed = 0;
+  for (const std::vector<int64_t>& docs :
+       {std::vector<int64_t>{4096, 512, 256, 1024, 128, 2048}, std::vector<int64_t>{8192, 128, 128, 256}, Skewed()}) {
+    for (int servers : {0, 3}) {
+      for (double eps : {0.0, 0.01, 0.05, 0.3}) {
+        PlanOptions o;
+        o.ranks = 4;
+        o.dedicated_servers = servers;
+        o.tolerance = eps;
+        Plan p;
+        ASSERT_TRUE(BuildPlan(docs, o, t, &p).ok());
+        EXPECT_TRUE(ValidatePlan(p, t).ok());
+        const bool within = p.stats.load_max <= (1 + eps) * p.stats.load_mean * (1 + 1e-9);
+        EXPECT_EQ(p.bound_met, within) << docs.size() << " documents, " << servers << " servers, eps " << eps;
+        (within ? met : missed) += 1;
+      }
+    }
+  }
+  EXPECT_GT(met, 0);
+}
+
 TEST(CostModelTest, TableErrors) {
   CostModel t;
   EXPECT_TRUE(Contains(CostModel::FromTableCsv("q,kv,s\n1,1,1\n", &t), "expected header"));
@@ -269,6 +297,24 @@ TEST(JsonTest, RoundTripAndErrors) {
       Contains(PlanFromJson(R"({"ranks": 1, "documents": [], "tasks": [{"doc": "a"}]})", &q), "must be an integer"));
   EXPECT_TRUE(
       Contains(PlanFromJson(R"({"ranks": 1, "policy": "best", "documents": [], "tasks": []})", &q), "unknown policy"));
+  // The planner's own limits hold for a plan read from a file too (before
+  // anything is allocated per server).
+  EXPECT_TRUE(Contains(PlanFromJson(R"({"ranks": 16777216, "dedicated_servers": 16777216, "documents": [],
+                                        "tasks": []})",
+                                    &q),
+                       "plan: 16777216 ranks and 16777216 dedicated servers are above the limit"));
+  EXPECT_TRUE(Contains(PlanFromJson(R"({"ranks": 1, "model": {"q_heads": 4, "kv_heads": 2, "head_dim": 8,
+                                        "dtype_bytes": 16}, "documents": [], "tasks": []})",
+                                    &q),
+                       "dtype_bytes (16) at most 8"));
+  EXPECT_TRUE(Contains(PlanFromJson(R"({"ranks": 1, "model": {"q_heads": 2, "kv_heads": 4, "head_dim": 8,
+                                        "dtype_bytes": 2}, "documents": [], "tasks": []})",
+                                    &q),
+                       "q_heads (2) is not a multiple of kv_heads (4)"));
+  // ... and for a plan made by hand.
+  q = p;
+  q.dedicated_servers = kMaxPlanServers;
+  EXPECT_EQ(ComputePlanStats(q, cost, &q.stats).code(), StatusCode::kOutOfRange);
 }
 
 // A batch whose colocated plan is badly imbalanced: one long document.
