@@ -493,7 +493,10 @@ Status DistcaPlanner::Run(double eps, std::vector<double>* loads) {
       plan_.tasks.push_back({static_cast<int32_t>(d), p.begin, p.end, p.rank});
       server_tasks_[p.rank].push_back(static_cast<int>(plan_.tasks.size()) - 1);
       load_[p.rank] += Cost(p.begin, p.end);
-      AddKv(static_cast<int>(d), p.rank);
+      // The rank's own task already needs the K/V of [0, p.end): more rows
+      // of this document cost it only what lies beyond.
+      KvState& k = AddKv(static_cast<int>(d), p.rank);
+      k.sent_end = std::max(k.sent_end, p.end);
     }
   }
   const double mean = std::accumulate(load_.begin(), load_.end(), 0.0) / servers_;
