@@ -45,6 +45,9 @@ int main(int argc, char** argv) {
   planner->add_flag("--json", plan.json, "one JSON object per (ranks, policy) line");
   planner->add_option("--lengths", plan.lengths_file, "document-length pool (Default: data/doc-lengths-pretrain.json)")
       ->check(CLI::ExistingFile);
+  planner->add_option("--seed", plan.seed,
+                      "sampling seed; R ranks sample with seed + R (Default: 1000, the batches docs/performance.md "
+                      "quotes)");
 
   distca::bench::DispatchBenchOptions dispatch;
   dispatch.lengths_file = plan.lengths_file;
