@@ -241,7 +241,20 @@ int main(int argc, char** argv) {
       log = std::fopen(a.json_log.c_str(), "a");
       if (log == nullptr) return Status::IoError("cannot open --json-log " + a.json_log + ": " + std::strerror(errno));
     }
-    for (const distca::TrainOptions& v : variants) {
+    for (distca::TrainOptions v : variants) {
+      // --compare trains the same batches both ways: with dedicated servers
+      // CAD's batch is tokens per rank x its R - S data ranks, which
+      // colocated attention spreads over all R ranks.
+      if (a.compare && v.attention == distca::AttentionMode::kColocated && t.servers > 0 && v.tokens_per_rank > 0 &&
+          v.data.docs_file.empty() && v.data.batches.empty()) {
+        const int64_t batch = v.tokens_per_rank * (comm.size() - t.servers);
+        if (t.servers >= comm.size() || batch % comm.size() != 0)
+          return Status::InvalidArgument(fmt::format(
+              "--compare with --servers {}: CAD's batch of {} tokens ({} per rank on {} data ranks) does not split "
+              "evenly over the {} ranks that colocated attention uses; pick --tokens-per-rank so that it does",
+              t.servers, batch, v.tokens_per_rank, comm.size() - t.servers, comm.size()));
+        v.tokens_per_rank = batch / comm.size();
+      }
       const std::string mode = distca::AttentionModeName(v.attention);
       if (root) {
         runs.push_back({mode, {}});

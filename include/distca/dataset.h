@@ -61,9 +61,9 @@ struct DataPosition {
 };
 
 struct DataOptions {
-  std::string spec;              // "text:DIR", "indexed:PREFIX" or "synthetic:FILE"
-  std::string glob;              // text only. Default: "" (every file)
-  std::string docs_file;         // when set, replaces spec: a batches file
+  std::string spec;       // "text:DIR", "indexed:PREFIX" or "synthetic:FILE"
+  std::string glob;       // text only. Default: "" (every file)
+  std::string docs_file;  // when set, replaces spec: a batches file
   // When non-empty, replaces spec and docs_file: the batches' lengths given
   // in memory, used exactly as a docs file's (benchmarks and tests).
   std::vector<std::vector<int64_t>> batches;
@@ -96,6 +96,9 @@ class BatchStream {
   virtual Status Seek(const DataPosition& position) = 0;
   virtual int vocab_size() const = 0;
   virtual int64_t tokens_per_batch() const = 0;  // for a docs file: of the next batch
+  // The most tokens any batch holds (for a docs file: its largest batch;
+  // otherwise tokens_per_batch()): what a run must have memory for.
+  virtual int64_t max_tokens_per_batch() const { return tokens_per_batch(); }
   virtual std::string Describe() const = 0;
 };
 

@@ -38,6 +38,9 @@ Status OpenDocsFile(const DataOptions& o, std::unique_ptr<BatchStream>* out) {
       if (o.max_doc_len > 0 && len > o.max_doc_len)
         return Status::InvalidArgument(
             fmt::format("{}: batches[{}][{}] = {} is longer than max doc len {}", source, b, d, len, o.max_doc_len));
+      if (len > kMaxTokensPerBatch - total)
+        return Status::OutOfRange(fmt::format("{}: batches[{}] holds more than the limit of {} tokens per batch",
+                                              source, b, kMaxTokensPerBatch));
       total += len;
     }
     if (o.tokens_per_batch > 0 && total != o.tokens_per_batch)

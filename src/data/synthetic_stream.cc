@@ -55,6 +55,17 @@ class SyntheticStream final : public BatchStream {
     return total;
   }
 
+  int64_t max_tokens_per_batch() const override {
+    if (batches_.empty()) return recipe_.tokens_per_batch;
+    int64_t most = 0;
+    for (const std::vector<int64_t>& b : batches_) {
+      int64_t total = 0;
+      for (int64_t len : b) total += len;
+      most = std::max(most, total);
+    }
+    return most;
+  }
+
   std::string Describe() const override { return description_; }
 
  private:

@@ -2,9 +2,13 @@
 // docs/checkpoint_format.md).
 #include <fmt/format.h>
 
+#include <fcntl.h>
+#include <stdio.h>
+
 #include <bit>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "common/file_util.h"
@@ -128,13 +132,30 @@ Status ReadSafetensors(const std::string& path, SafetensorsFile* file) {
       return Status::InvalidArgument(
           fmt::format("{} has dtype {}; only F32 is supported", where, entry["dtype"].dump()));
     SafetensorsFile::Entry e;
+    // The element count, bounded by the file's data (a shape whose product
+    // overflows, or outgrows the file, is refused before anything is
+    // allocated).
+    const uint64_t max_count = data_size / sizeof(float);
     uint64_t count = 1;
+    bool too_large = false;
     for (const json& d : entry["shape"]) {
       if (!d.is_number_unsigned())
         return Status::InvalidArgument(where + ": shape entries must be non-negative integers");
-      e.shape.push_back(d.get<int64_t>());
-      count *= d.get<uint64_t>();
+      const uint64_t dim = d.get<uint64_t>();
+      if (dim > uint64_t(std::numeric_limits<int64_t>::max()))
+        return Status::InvalidArgument(fmt::format("{}: shape entry {} is too large", where, dim));
+      e.shape.push_back(static_cast<int64_t>(dim));
+      if (dim == 0) {
+        count = 0;
+      } else if (count != 0 && (too_large || count > max_count / dim)) {
+        too_large = true;
+      } else {
+        count *= dim;
+      }
     }
+    if (too_large && count != 0)
+      return Status::InvalidArgument(
+          fmt::format("{}: its shape holds more elements than the file's {} data bytes", where, data_size));
     const json& off = entry["data_offsets"];
     if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
       return Status::InvalidArgument(where + ": data_offsets must be two non-negative integers");
@@ -192,8 +213,20 @@ Status SaveCheckpoint(const std::string& dir, const Transformer& model, const Ad
                   {"parameters", model.size()}};
   DISTCA_RETURN_IF_ERROR(WriteFileAtomic((tmp / "state.json").string(), j.dump(2) + "\n"));
   DISTCA_RETURN_IF_ERROR(SyncDirectory(tmp.string()));
-  fs::remove_all(final_dir, ec);
-  fs::rename(tmp, final_dir, ec);
+  // A step saved again (a rerun into the same directory) swaps the new
+  // directory in atomically, so that a crash leaves the old one or the new
+  // one under its name, never neither; the old one then goes. Where the
+  // file system cannot swap, the old one is removed first.
+  bool swapped = false;
+  if (fs::exists(final_dir, ec)) {
+    swapped = renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0;
+    if (swapped)
+      fs::remove_all(tmp, ec);
+    else
+      fs::remove_all(final_dir, ec);
+  }
+  ec.clear();
+  if (!swapped) fs::rename(tmp, final_dir, ec);
   if (ec)
     return Status::IoError(
         fmt::format("cannot rename '{}' to '{}': {}", tmp.string(), final_dir.string(), ec.message()));

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <memory>
 #include <string_view>
+#include <vector>
 
 #include "common/cpu_features.h"
 #include "common/memory_info.h"
@@ -144,6 +145,12 @@ Status CheckOptions(const Comm& comm, const TrainOptions& o) {
   if (o.tokens_per_rank > 0 && o.tokens_per_rank < o.block)
     return Status::InvalidArgument(
         fmt::format("--tokens-per-rank {} is smaller than one block ({} tokens)", o.tokens_per_rank, o.block));
+  // The batch, tokens per rank x data ranks, must fit the data layer's
+  // limit (and an int64 on the way).
+  if (o.tokens_per_rank > kMaxTokensPerBatch / comm.size())
+    return Status::OutOfRange(
+        fmt::format("--tokens-per-rank {} over {} ranks is above the limit of {} tokens per batch", o.tokens_per_rank,
+                    comm.size(), kMaxTokensPerBatch));
   if (!(o.lr > 0) || !(o.min_lr >= 0) || o.min_lr > o.lr)
     return Status::InvalidArgument(
         fmt::format("need 0 <= --min-lr <= --lr and --lr > 0, got {} and {}", o.min_lr, o.lr));
@@ -182,14 +189,18 @@ Status CheckMemory(const Comm& comm, const TrainOptions& o, int64_t tokens_per_r
   return Status::Ok();
 }
 
-// Sums `value` over ranks in double precision through the fp32 all-reduce:
-// the value travels as a float and the float of its remainder.
+// Sums `value` over ranks in double precision: every rank sends its double
+// to every rank, and each sums them in rank order (the same sum, to the
+// bit, everywhere).
 Status AllreduceDouble(Comm& comm, double* value) {
-  float parts[2];
-  parts[0] = static_cast<float>(*value);
-  parts[1] = static_cast<float>(*value - double(parts[0]));
-  DISTCA_RETURN_IF_ERROR(comm.AllreduceSum(parts, 2));
-  *value = double(parts[0]) + double(parts[1]);
+  const size_t n = static_cast<size_t>(comm.size());
+  const std::vector<double> send(n, *value);
+  std::vector<double> recv(n, 0.0);
+  const std::vector<int64_t> counts(n, int64_t{sizeof(double)});
+  DISTCA_RETURN_IF_ERROR(comm.Alltoallv(send.data(), counts, recv.data(), counts));
+  double sum = 0;
+  for (double v : recv) sum += v;
+  *value = sum;
   return Status::Ok();
 }
 
@@ -216,13 +227,14 @@ Status Train(Comm& comm, const TrainOptions& options, const std::function<void(c
 
   DataOptions data = o.data;
   data.seed = o.seed;
+  data.vocab_size = o.model.vocab_size;  // indexed ids are checked against it, synthetic ids drawn below it
   data.tokens_per_batch = o.tokens_per_rank * data_ranks;
   std::unique_ptr<BatchStream> stream;
   DISTCA_RETURN_IF_ERROR(BatchStream::Open(data, &stream));
   if (stream->vocab_size() > o.model.vocab_size)
     return Status::InvalidArgument(fmt::format("the data's token ids go up to {} but the model's vocabulary is {}",
                                                stream->vocab_size() - 1, o.model.vocab_size));
-  DISTCA_RETURN_IF_ERROR(CheckMemory(comm, o, (stream->tokens_per_batch() + data_ranks - 1) / data_ranks));
+  DISTCA_RETURN_IF_ERROR(CheckMemory(comm, o, (stream->max_tokens_per_batch() + data_ranks - 1) / data_ranks));
 
   std::unique_ptr<Transformer> model;
   DISTCA_RETURN_IF_ERROR(Transformer::Create(o.model, &model));
@@ -313,11 +325,15 @@ Status Train(Comm& comm, const TrainOptions& options, const std::function<void(c
     }
     const double allreduce_s = allreduce_timer.Seconds();
     const double grad_norm = ClipGradNorm(model->grads(), model->size(), o.grad_clip);
+    // Both are all-reduced, so every rank stops here alike, before a
+    // non-finite update could reach the weights, the moments or a
+    // checkpoint.
+    if (!std::isfinite(loss_sum) || !std::isfinite(grad_norm))
+      return Status::FailedPrecondition(fmt::format("step {}: the {} is not finite (lower --lr?)", step + 1,
+                                                    std::isfinite(loss_sum) ? "gradient norm" : "loss"));
     const float lr = CosineLearningRate(step, o.warmup_steps, decay_steps, o.lr, o.min_lr);
     optimizer.Step(model.get(), lr);
     ++step;
-    if (!std::isfinite(loss_sum))
-      return Status::FailedPrecondition(fmt::format("step {}: the loss is not finite (lower --lr?)", step));
 
     const ExecutorTimes& et = executor->times();
     int64_t sent = 0;

@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "distca/dataset.h"
 #include "train/train_testing.h"
 
 namespace distca {
@@ -136,6 +137,18 @@ TEST(TrainTest, CheckpointRoundTripAndCorruption) {
   EXPECT_NE(s.message().find("model.safetensors"), std::string::npos) << s.message();
   EXPECT_EQ(std::memcmp(before.data(), fresh->params(), sizeof(float) * before.size()), 0);
 
+  // Saving the same step again replaces the broken one (swapped in whole):
+  // it loads, with the new state, and no scratch directory is left.
+  ASSERT_TRUE(SaveCheckpoint(dir, *model, opt, {5, {5, 1, 4, 3}, 43}).ok());
+  s = LoadCheckpoint(dir, fresh.get(), &opt4, &st);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(st.seed, 43u);
+  EXPECT_EQ(st.data.cursor, 4);
+  EXPECT_EQ(std::memcmp(model->params(), fresh->params(), sizeof(float) * size_t(model->size())), 0);
+  int entries = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) entries += e.path().filename() != "latest";
+  EXPECT_EQ(entries, 1);  // step-00000005 alone
+
   // Garbage state.json.
   std::ofstream(dir + "/step-00000005/state.json") << "{not json";
   s = LoadCheckpoint(dir, fresh.get(), &opt4, &st);
@@ -169,6 +182,16 @@ TEST(TrainTest, SafetensorsRejectsBadHeaders) {
   EXPECT_FALSE(ReadSafetensors(dir + "/b.safetensors", &f).ok());
   write_raw("[1,2", 0);
   EXPECT_FALSE(ReadSafetensors(dir + "/b.safetensors", &f).ok());
+  // A shape whose element count wraps (2^62 x 4 bytes = 0 mod 2^64) or
+  // outgrows the file is refused before anything is allocated.
+  write_raw(R"({"x":{"dtype":"F32","shape":[4611686018427387904],"data_offsets":[0,0]}})", 0);
+  Status s = ReadSafetensors(dir + "/b.safetensors", &f);
+  EXPECT_NE(s.message().find("holds more elements than the file's 0 data bytes"), std::string::npos) << s.ToString();
+  write_raw(R"({"x":{"dtype":"F32","shape":[65536,65536,65536],"data_offsets":[0,8]}})", 8);
+  s = ReadSafetensors(dir + "/b.safetensors", &f);
+  EXPECT_NE(s.message().find("holds more elements"), std::string::npos) << s.ToString();
+  write_raw(R"({"x":{"dtype":"F32","shape":[65536,0,65536],"data_offsets":[0,0]}})", 0);
+  EXPECT_TRUE(ReadSafetensors(dir + "/b.safetensors", &f).ok());  // no elements at all
   std::filesystem::remove_all(dir);
 }
 
@@ -201,6 +224,44 @@ TEST(TrainTest, BadOptionsAreRejected) {
   t.steps = 1;
   s = RunLocal(2, [&](Comm& comm) { return Train(comm, t, nullptr); });
   EXPECT_TRUE(s.ok()) << s.ToString();
+  // The memory check sizes the largest batch of a docs file, not its first.
+  t.tokens_per_rank = 0;
+  t.data.batches.push_back({2048, 2048});
+  s = RunLocal(2, [&](Comm& comm) { return Train(comm, t, nullptr); });
+  EXPECT_NE(s.message().find("more than memory_bytes"), std::string::npos) << s.message();
+  // Tokens per rank x ranks past the data layer's limit (and past an int64).
+  t = TinyTrainOptions(2);
+  t.tokens_per_rank = int64_t{1} << 62;
+  t.data.batches.clear();
+  t.data.spec = "synthetic:" + std::string(DISTCA_SOURCE_DIR) + "/data/doc-lengths-pretrain.json";
+  s = RunLocal(2, [&](Comm& comm) { return Train(comm, t, nullptr); });
+  EXPECT_NE(s.message().find("above the limit of 4294967296 tokens per batch"), std::string::npos) << s.message();
+}
+
+// The data is read against the model's vocabulary: token ids up to 999 train
+// a 1000-token vocabulary and are refused, naming the id, by a 500-token one.
+TEST(TrainTest, IndexedDataUsesTheModelsVocabulary) {
+  const std::string dir = testing::ScratchDir("indexed");
+  std::filesystem::create_directories(dir);
+  std::vector<std::vector<int32_t>> docs;
+  for (int d = 0; d < 16; ++d) {
+    docs.emplace_back();
+    for (int i = 0; i < 100; ++i) docs.back().push_back((d * 131 + i * 17) % 1000);
+  }
+  docs[3][5] = 999;
+  ASSERT_TRUE(WriteIndexedDataset(dir + "/corpus", docs).ok());
+  TrainOptions t = TinyTrainOptions(2);
+  t.data.batches.clear();
+  t.data.spec = "indexed:" + dir + "/corpus";
+  t.tokens_per_rank = 128;
+  t.steps = 2;
+  t.model.vocab_size = 1000;
+  Status s = RunLocal(2, [&](Comm& comm) { return Train(comm, t, nullptr); });
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  t.model.vocab_size = 500;
+  s = RunLocal(2, [&](Comm& comm) { return Train(comm, t, nullptr); });
+  EXPECT_NE(s.message().find("outside [0, vocab size 500)"), std::string::npos) << s.message();
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
