@@ -106,8 +106,9 @@ struct CommOptions {
   enum class Backend { kAuto, kLocal, kMpi };
   Backend backend = Backend::kAuto;  // Default: MPI under mpirun, else local
   int local_ranks = 1;               // ranks (threads) of the local backend, at most kMaxLocalRanks. Default: 1
-  // The local backend's limit on any single blocking wait; past it the call
-  // fails instead of hanging. Default: 120 s
+  // The local backend's limit on any single wait for a message: a receive,
+  // blocking or polled with Test, gives up this long after it was posted
+  // and fails instead of hanging. Default: 120 s
   double timeout_seconds = 120.0;
 };
 

@@ -43,24 +43,38 @@ class World {
     return channels_[{src, dst, tag}].received++;
   }
 
-  bool Ready(int src, int dst, int64_t tag, int64_t seq) {
+  using Clock = std::chrono::steady_clock;
+
+  // When a receive posted now gives up waiting.
+  Clock::time_point Deadline() const {
+    return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_));
+  }
+
+  // Whether a wait on message `seq` would return at once: it is there, the
+  // world failed, or the receive's deadline passed (Take then reports it,
+  // so that a polling caller times out as a blocking one does).
+  bool Ready(int src, int dst, int64_t tag, int64_t seq, Clock::time_point deadline) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!failure_.ok()) return true;
+    if (!failure_.ok() || Clock::now() >= deadline) return true;
     auto it = channels_.find({src, dst, tag});
     return it != channels_.end() && it->second.messages.count(seq) > 0;
   }
 
-  // Removes message `seq` of the key, waiting for it; fails on abort or timeout.
-  Status Take(int src, int dst, int64_t tag, int64_t seq, Bytes* out) {
+  // Removes message `seq` of the key, waiting for it until `deadline`; fails
+  // on abort or timeout. A collective's key (negative tag) carries one
+  // message, so its channel goes with it: the mailbox does not grow with
+  // the steps of a long run.
+  Status Take(int src, int dst, int64_t tag, int64_t seq, Clock::time_point deadline, Bytes* out) {
     std::unique_lock<std::mutex> lock(mu_);
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_);
-    Channel& c = channels_[{src, dst, tag}];
+    const auto key = std::make_tuple(src, dst, tag);
     while (true) {
       if (!failure_.ok()) return failure_;
+      Channel& c = channels_[key];
       auto it = c.messages.find(seq);
       if (it != c.messages.end()) {
         *out = std::move(it->second);
         c.messages.erase(it);
+        if (tag < 0 && c.messages.empty() && c.sent == c.received) channels_.erase(key);
         return Status::Ok();
       }
       if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
@@ -100,12 +114,19 @@ class World {
 class RecvRequest : public CommRequest::Impl {
  public:
   RecvRequest(World* w, int src, int dst, int64_t tag, void* out, int64_t bytes)
-      : world_(w), src_(src), dst_(dst), tag_(tag), seq_(w->NextReceive(src, dst, tag)), out_(out), bytes_(bytes) {}
+      : world_(w),
+        src_(src),
+        dst_(dst),
+        tag_(tag),
+        seq_(w->NextReceive(src, dst, tag)),
+        deadline_(w->Deadline()),
+        out_(out),
+        bytes_(bytes) {}
 
   Status Wait() override {
     if (done_) return status_;
     Bytes msg;
-    status_ = world_->Take(src_, dst_, tag_, seq_, &msg);
+    status_ = world_->Take(src_, dst_, tag_, seq_, deadline_, &msg);
     if (status_.ok() && static_cast<int64_t>(msg.size()) != bytes_) {
       status_ = Status::InvalidArgument(
           fmt::format("rank {} expected {} bytes from rank {} (tag {}), got {}", dst_, bytes_, src_, tag_, msg.size()));
@@ -114,12 +135,13 @@ class RecvRequest : public CommRequest::Impl {
     done_ = true;
     return status_;
   }
-  bool Test() override { return done_ || world_->Ready(src_, dst_, tag_, seq_); }
+  bool Test() override { return done_ || world_->Ready(src_, dst_, tag_, seq_, deadline_); }
 
  private:
   World* world_;
   int src_, dst_;
   int64_t tag_, seq_;
+  World::Clock::time_point deadline_;  // from posting, as MPI-less peers can only be waited for so long
   void* out_;
   int64_t bytes_;
   bool done_ = false;

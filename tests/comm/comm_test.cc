@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <stdexcept>
+#include <thread>
 
 #include "comm/comm_checks.h"
 
@@ -71,6 +72,23 @@ TEST(LocalCommTest, WaitsTimeOutInsteadOfHanging) {
       0.2);
   EXPECT_EQ(s.code(), StatusCode::kUnavailable);
   EXPECT_NE(s.message().find("waited"), std::string::npos) << s.ToString();
+}
+
+// A receive that is only polled (Test) times out as a blocking one does:
+// Test turns true at its deadline and Wait reports the missing peer.
+TEST(LocalCommTest, PolledReceivesTimeOutToo) {
+  const Status s = RunLocal(
+      2,
+      [](Comm& c) -> Status {
+        if (c.rank() == 1) return Status::Ok();  // never sends
+        int64_t x = 0;
+        CommRequest r = c.IRecv(&x, sizeof x, 1, 0);
+        while (!r.Test()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        return r.Wait();
+      },
+      0.2);
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable);
+  EXPECT_NE(s.message().find("rank 0 waited 0.2 s for a message from rank 1"), std::string::npos) << s.ToString();
 }
 
 TEST(LocalCommTest, SizeMismatchIsAnError) {
