@@ -54,6 +54,10 @@ class AttentionContext {
   AttentionContext& operator=(AttentionContext&&) noexcept;
   struct State;
   State& state() { return *state_; }
+  // Bytes of buffers the context holds allocated now: between the passes,
+  // what the server caches (cached mode: its Q, K, V and statistics;
+  // stateless: nothing); after the backward pass, nothing.
+  int64_t held_bytes() const;
 
  private:
   std::unique_ptr<State> state_;

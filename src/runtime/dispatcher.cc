@@ -70,6 +70,15 @@ AttentionContext::~AttentionContext() = default;
 AttentionContext::AttentionContext(AttentionContext&&) noexcept = default;
 AttentionContext& AttentionContext::operator=(AttentionContext&&) noexcept = default;
 
+int64_t AttentionContext::held_bytes() const {
+  const State& st = *state_;
+  int64_t floats = 0;
+  for (const std::vector<float>* v :
+       {&st.q, &st.k, &st.v, &st.out, &st.lse, &st.dout, &st.delta, &st.dq, &st.dk, &st.dv, &st.send, &st.recv})
+    floats += static_cast<int64_t>(v->capacity());
+  return floats * int64_t{sizeof(float)};
+}
+
 namespace {
 
 using Layout = AttentionDispatcher::Layout;
@@ -154,6 +163,14 @@ Status Exchange(Comm& comm, Layout& l, AttentionContext::State& st) {
   st.recv_counts = std::move(recv_bytes);
   st.request = comm.IAlltoallv(st.send.data(), st.send_counts, st.recv.data(), st.recv_counts);
   return Status::Ok();
+}
+
+// Empties a buffer and returns its memory (clear() would keep it): a
+// context lives for its layer's whole step, and what a server no longer
+// needs must not stay allocated through the other layers.
+template <class T>
+void Release(std::vector<T>& v) {
+  std::vector<T>().swap(v);
 }
 
 // Sizes the send and receive buffers from per-peer float counts.
@@ -355,9 +372,9 @@ Status AttentionDispatcher::ServeForward(Comm& comm, AttentionContext* ctx) {
     out_stream = GatherStats(l.peers[p].q_in, st.lse.data(), l.server_q_rows, heads, out_stream, /*use_dst=*/true);
   }
   if (l.options.backward == BackwardMode::kStateless) {
-    st.q.clear();
-    st.k.clear();
-    st.v.clear();
+    Release(st.q);
+    Release(st.k);
+    Release(st.v);
   }
   st.forward_done = true;
   return Exchange(comm, l, st);
@@ -381,7 +398,12 @@ Status AttentionDispatcher::FinishForward(Comm&, float* out, float* lse, Attenti
     stream = Scatter(l.peers[p].q_out, stream, out, qw, /*use_src=*/true);
     stream = ScatterStats(l.peers[p].q_out, stream, lse, l.local_tokens, heads, /*use_src=*/true);
   }
-  st.out.clear();  // O stays with its owner; servers never need it again
+  Release(st.out);  // O stays with its owner; servers never need it again
+  // The exchange's buffers are done with; without a cache the server's
+  // statistics too (the backward dispatch brings them again).
+  Release(st.send);
+  Release(st.recv);
+  if (l.options.backward == BackwardMode::kStateless) Release(st.lse);
   return Status::Ok();
 }
 
@@ -518,10 +540,12 @@ Status AttentionDispatcher::ServeBackward(Comm& comm, AttentionContext* ctx) {
     out_stream = Gather(l.peers[p].kv_in, st.dv.data(), kw, out_stream, /*use_dst=*/true);
   }
   // The server's buffers are done with (dq/dk/dv of local rows still to place).
-  st.q.clear();
-  st.k.clear();
-  st.v.clear();
-  st.dout.clear();
+  Release(st.q);
+  Release(st.k);
+  Release(st.v);
+  Release(st.dout);
+  Release(st.lse);
+  Release(st.delta);
   st.forward_done = false;
   return Exchange(comm, l, st);
 }
@@ -550,9 +574,11 @@ Status AttentionDispatcher::FinishBackward(Comm&, float* dq, float* dk, float* d
     stream = Scatter(l.peers[p].kv_out, stream, dk, kw, /*use_src=*/true, /*add=*/true);
     stream = Scatter(l.peers[p].kv_out, stream, dv, kw, /*use_src=*/true, /*add=*/true);
   }
-  st.dq.clear();
-  st.dk.clear();
-  st.dv.clear();
+  Release(st.dq);
+  Release(st.dk);
+  Release(st.dv);
+  Release(st.send);
+  Release(st.recv);
   return Status::Ok();
 }
 

@@ -72,6 +72,9 @@ inline Batch WholeBatch(const GlobalBatch& g) {
 struct DistributedResult {
   std::vector<float> out, lse, dq, dk, dv;  // global layout
   std::vector<int64_t> sent, received;      // per rank, bytes
+  // Per rank, bytes the attention context held allocated between the passes
+  // and after the backward pass.
+  std::vector<int64_t> held_between, held_after;
 };
 
 // Runs forward and backward on every rank of `comm`, each rank placing its
@@ -104,8 +107,10 @@ inline Status RunDistributed(Comm& comm, const DispatchCase& c, const Plan& plan
   std::vector<float> out(q.size()), lse(size_t(n * c.q_heads)), dq(q.size()), dk(k.size()), dv(v.size());
   AttentionContext ctx;
   DISTCA_RETURN_IF_ERROR(d->Forward(comm, q.data(), k.data(), v.data(), out.data(), lse.data(), &ctx));
+  r->held_between[comm.rank()] = ctx.held_bytes();
   DISTCA_RETURN_IF_ERROR(d->Backward(comm, q.data(), k.data(), v.data(), out.data(), lse.data(), dout.data(), dq.data(),
                                      dk.data(), dv.data(), &ctx));
+  r->held_after[comm.rank()] = ctx.held_bytes();
   for (int64_t i = 0; i < n; ++i) {
     const int64_t gr = global_row[i];
     std::copy_n(out.begin() + i * qw, qw, r->out.begin() + gr * qw);
@@ -127,6 +132,8 @@ inline DistributedResult EmptyResult(const GlobalBatch& g, int world) {
   r.dv.assign(g.v.size(), 0.0f);
   r.lse.assign(size_t(g.shape.total_q * g.shape.q_heads), 0.0f);
   r.sent.assign(size_t(world), 0);
+  r.held_between.assign(size_t(world), 0);
+  r.held_after.assign(size_t(world), 0);
   r.received.assign(size_t(world), 0);
   return r;
 }

@@ -100,6 +100,20 @@ TEST_P(DispatcherTest, EqualsSingleProcessAttention) {
     for (int64_t x : r.sent) moved += x;
     EXPECT_LE(moved, plan.stats.traffic.total_bytes());  // cached sends no Q/K/V twice
   }
+
+  // Memory: between the passes a server keeps its Q/K/V and statistics only
+  // in cached mode; after the backward pass nothing stays allocated.
+  int64_t between = 0;
+  for (int rank = 0; rank < plan.servers(); ++rank) {
+    EXPECT_EQ(r.held_after[rank], 0) << "rank " << rank;
+    between += r.held_between[rank];
+    if (c.backward == BackwardMode::kStateless) {
+      EXPECT_EQ(r.held_between[rank], 0) << "rank " << rank;
+    }
+  }
+  if (c.backward == BackwardMode::kCached) {
+    EXPECT_GT(between, 0);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, DispatcherTest, ::testing::ValuesIn(MakeCases()),
