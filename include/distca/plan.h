@@ -254,6 +254,11 @@ Status ValidatePlan(const Plan& plan, const CostModel& cost);
 // ValidatePlan without the rule that ranks hold equal token counts: for
 // plans of a given layout (BuildPlanForLayout).
 Status ValidatePlanForLayout(const Plan& plan, const CostModel& cost);
+// What an executor needs of a plan, its statistics aside: the planner's
+// limits (ranks, servers, model sizes), pieces that partition every document
+// on existing ranks, and tasks that partition every document on existing
+// servers at allowed cuts. (ValidatePlanForLayout adds the statistics.)
+Status ValidatePlanStructure(const Plan& plan);
 
 // Splits a batch into `count` nano-batches for ping-pong. Documents stay whole
 // (a split document's later part would need the earlier part's K/V from the

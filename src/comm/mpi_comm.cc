@@ -184,6 +184,7 @@ Status RunMpi(const std::function<Status(Comm&)>& fn) {
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
   if (finalized) return Status::FailedPrecondition("MPI was already finalized: RunOnRanks runs once per process");
+  // The ping-pong executor calls MPI from two threads.
   if (!initialized) {
     int provided = 0;
     DISTCA_RETURN_IF_ERROR(
@@ -192,6 +193,11 @@ Status RunMpi(const std::function<Status(Comm&)>& fn) {
       MPI_Finalize();
       return Status::Unavailable("this MPI does not provide MPI_THREAD_MULTIPLE");
     }
+  } else {
+    int provided = 0;
+    MPI_Query_thread(&provided);
+    if (provided < MPI_THREAD_MULTIPLE)
+      return Status::FailedPrecondition("MPI was initialized without MPI_THREAD_MULTIPLE, which the runtime needs");
   }
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   MpiComm comm;
@@ -203,8 +209,12 @@ Status RunMpi(const std::function<Status(Comm&)>& fn) {
   } catch (...) {
     result = Status::Internal("unknown exception");
   }
-  if (!result.ok()) comm.Abort(result);  // does not return
-  DISTCA_RETURN_IF_ERROR(MpiCheck(MPI_Finalize(), "MPI_Finalize"));
+  if (!result.ok()) {
+    comm.Abort(result);  // terminates the job; should it return, the failure still stands
+    return result;
+  }
+  // MPI initialized by the caller is the caller's to finalize.
+  if (!initialized) DISTCA_RETURN_IF_ERROR(MpiCheck(MPI_Finalize(), "MPI_Finalize"));
   return Status::Ok();
 }
 

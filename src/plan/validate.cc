@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "distca/plan.h"
+#include "plan/planner_internal.h"
 
 namespace distca {
 namespace {
@@ -135,6 +136,12 @@ Status ValidatePlan(const Plan& plan, const CostModel& cost) { return ValidateWi
 
 Status ValidatePlanForLayout(const Plan& plan, const CostModel& cost) {
   return ValidateWithLayout(plan, cost, /*even=*/false);
+}
+
+Status ValidatePlanStructure(const Plan& plan) {
+  DISTCA_RETURN_IF_ERROR(plan::CheckPlanShape(plan.ranks, plan.dedicated_servers, plan.model));
+  DISTCA_RETURN_IF_ERROR(ValidateLayout(plan, /*even=*/false));
+  return ValidateTasks(plan);
 }
 
 namespace plan {

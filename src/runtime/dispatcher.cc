@@ -203,6 +203,9 @@ int64_t AttentionDispatcher::LocalRow(int doc, int64_t pos) const {
 Status AttentionDispatcher::Create(const Plan& plan, int rank, const DispatchOptions& o,
                                    std::unique_ptr<AttentionDispatcher>* out) {
   if (out == nullptr) return Status::InvalidArgument("out is null");
+  // The layouts below index by the plan's ranks, documents and rows: a plan
+  // from a file must hold together before anything is indexed.
+  DISTCA_RETURN_IF_ERROR(ValidatePlanStructure(plan).WithContext("plan"));
   if (rank < 0 || rank >= plan.servers())
     return Status::InvalidArgument(fmt::format("rank {} is not in the plan's {} servers", rank, plan.servers()));
   if (plan.model.wire != PlanWire::kDistca)
@@ -560,7 +563,8 @@ Status AttentionDispatcher::FinishBackward(Comm&, float* dq, float* dk, float* d
   const PeerLayout& self = l.peers[l.rank];
   CopyRuns(self.q_in, st.dq.data(), dq, qw, /*reverse=*/true);
   // Partial dK/dV are summed in fp32: this rank's own server first, then the
-  // other servers in rank order (a fixed order: runs are reproducible).
+  // other servers in rank order (a fixed order: with a one-thread CA engine,
+  // whose own sums are then ordered too, runs are reproducible).
   for (const Run& r : self.kv_in) {
     for (int64_t i = 0; i < r.count * kw; ++i) {
       dk[r.src * kw + i] += st.dk[r.dst * kw + i];

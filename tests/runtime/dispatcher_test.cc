@@ -139,6 +139,21 @@ TEST(DispatcherErrorsTest, RejectsBadArguments) {
   artifact.model.wire = PlanWire::kDistcaArtifact;
   const Status wrong_wire = AttentionDispatcher::Create(artifact, 0, o, &d);
   EXPECT_NE(wrong_wire.ToString().find("wire format"), std::string::npos) << wrong_wire.ToString();
+  // A malformed plan (as a file could hold) is refused before anything is
+  // indexed by its ranks, documents or rows.
+  Plan bad = plan;
+  bad.documents[0].pieces[0].rank = 5;
+  Status st = AttentionDispatcher::Create(bad, 0, o, &d);
+  EXPECT_NE(st.message().find("plan: document 0 has a piece on rank 5, which does not exist"), std::string::npos)
+      << st.ToString();
+  bad = plan;
+  bad.tasks[0].doc = 3;
+  st = AttentionDispatcher::Create(bad, 0, o, &d);
+  EXPECT_NE(st.message().find("names document 3, which does not exist"), std::string::npos) << st.ToString();
+  bad = plan;
+  bad.tasks.back().q_end = bad.documents[bad.tasks.back().doc].length + 128;
+  st = AttentionDispatcher::Create(bad, 0, o, &d);
+  EXPECT_NE(st.message().find("run past its length"), std::string::npos) << st.ToString();
   ASSERT_TRUE(AttentionDispatcher::Create(plan, 0, o, &d).ok());
   // A comm of the wrong size is refused, not deadlocked on.
   CommOptions co;
