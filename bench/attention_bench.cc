@@ -177,6 +177,10 @@ bool CheckOptions(const AttentionBenchOptions& o, std::string* error) {
       return false;
     }
   }
+  if (!(o.min_seconds >= 0 && o.min_seconds <= 3600)) {
+    *error = fmt::format("--min-seconds {} is outside [0, 3600]", o.min_seconds);
+    return false;
+  }
   if (o.q_heads < 1 || o.q_heads > 256 || o.kv_heads < 1 || o.q_heads % o.kv_heads != 0 || o.head_dim < 1 ||
       o.head_dim > AttentionShape::kMaxHeadDim) {
     *error = fmt::format(

@@ -82,7 +82,7 @@ int main(int argc, char** argv) {
   profiler->add_option("--ranks", profile.local_ranks, "local ranks when not under mpirun (Default: 2)")
       ->check(distca::cli::kPositive);
 
-  CLI11_PARSE(app, argc, argv);
+  if (int rc = 0; !distca::cli::Parse(app, argc, argv, &rc)) return rc;
 
   const std::map<std::string, distca::AttentionKernel> kernels = {{"auto", distca::AttentionKernel::kAuto},
                                                                   {"scalar", distca::AttentionKernel::kScalar},

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "common/cli_checks.h"
 #include "distca/dataset.h"
 
 namespace {
@@ -20,13 +21,13 @@ int Fail(const std::string& message) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int Run(int argc, char** argv) {
   CLI::App app{"distca-make-indexed: convert a text directory (byte tokens) into a Megatron indexed dataset"};
   std::string input, glob, output;
   app.add_option("--input", input, "directory whose regular files are the documents (recursively)")->required();
   app.add_option("--glob", glob, "only files whose path relative to --input matches (fnmatch; '*' crosses '/')");
   app.add_option("--output", output, "writes OUTPUT.bin and OUTPUT.idx")->required();
-  CLI11_PARSE(app, argc, argv);
+  if (int rc = 0; !distca::cli::Parse(app, argc, argv, &rc)) return rc;
 
   std::unique_ptr<distca::DocumentSource> source;
   distca::Status s = distca::OpenTextDirectory(input, glob, &source);
@@ -43,4 +44,14 @@ int main(int argc, char** argv) {
   fmt::print("wrote {}.bin and {}.idx: {} documents, {} tokens (uint16) from {}\n", output, output, docs.size(), tokens,
              source->Describe());
   return 0;
+}
+
+// Anything thrown past the tool's own checks (an allocation that fails, a
+// library's exception) ends the run with its message, not an abort.
+int main(int argc, char** argv) {
+  try {
+    return Run(argc, argv);
+  } catch (const std::exception& e) {
+    return Fail(std::string("internal error: ") + e.what());
+  }
 }

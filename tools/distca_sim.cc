@@ -48,9 +48,10 @@ struct Args {
 // The profile path as given, else relative to the source tree (so that the
 // default works from a build directory).
 std::string FindHardware(const std::string& path) {
-  if (std::filesystem::exists(path) || std::filesystem::path(path).is_absolute()) return path;
+  std::error_code ec;  // a path the system cannot look at is loaded as given, and fails with the reason
+  if (std::filesystem::exists(path, ec) || std::filesystem::path(path).is_absolute()) return path;
   const std::string in_tree = std::string(DISTCA_SOURCE_DIR) + "/" + path;
-  return std::filesystem::exists(in_tree) ? in_tree : path;
+  return std::filesystem::exists(in_tree, ec) ? in_tree : path;
 }
 
 Status Sample(const std::vector<int64_t>& pool, const Args& a, const SimOptions& o, double elongate,
@@ -140,7 +141,10 @@ int WriteChart(const std::string& base, const std::string& csv, const std::strin
   if (s.ok()) s = distca::WriteTextFile(base + ".gp", script);
   if (!s.ok()) return Fail(s.message());
   if (!quiet) fmt::print("wrote {}.csv\n", base);
-  const std::string command = fmt::format("gnuplot '{}.gp'", base);
+  // The script's path in single quotes, each quote in it closed, escaped and reopened.
+  std::string quoted = "'";
+  for (char c : base + ".gp") quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  const std::string command = "gnuplot " + quoted + "'";
   const int rc = std::system(command.c_str());
   if (rc != 0)
     return Fail(fmt::format("'{}' failed (exit status {}); is gnuplot installed (scripts/install-deps)?", command, rc));
@@ -297,7 +301,7 @@ int RunSearch(const Args& a, const std::vector<std::vector<int64_t>>& batches,
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int Run(int argc, char** argv) {
   CLI::App app{"distca-sim: simulate long-context training strategies on a cluster"};
   Args a;
   SimOptions& o = a.sim;
@@ -373,7 +377,7 @@ int main(int argc, char** argv) {
                "size the job: every strategy at every tp x pp of --gpus (tp within a node; with --tp or --pp, only "
                "that tp or pp), and per strategy the "
                "fastest that fits in memory");
-  CLI11_PARSE(app, argc, argv);
+  if (int rc = 0; !distca::cli::Parse(app, argc, argv, &rc)) return rc;
 
   Status s = a.model.Resolve(&o.model);
   if (!s.ok()) return Fail(s.message());
@@ -409,6 +413,12 @@ int main(int argc, char** argv) {
     // sample) at the first; the search tries them all.
     if (o.gpus == 0 || o.max_doc_len == 0 || o.batch_size == 0)
       return Fail("--gpus, --max-doc-len and --batch-size are required");
+    // What holds at every shape first: the shapes' loop runs over the GPUs
+    // and layers.
+    s = distca::ValidateModelConfig(o.model);
+    if (!s.ok()) return Fail(s.message());
+    if (o.gpus > distca::kMaxSimGpus)
+      return Fail(fmt::format("gpus ({}) is above the simulator's limit of {}", o.gpus, distca::kMaxSimGpus));
     for (const auto& [tp, pp] : distca::ParallelShapes(o))
       if ((!fixed_tp || tp == o.tp) && (!fixed_pp || pp == o.pp)) a.shapes.emplace_back(tp, pp);
     if (a.shapes.empty()) {
@@ -432,6 +442,10 @@ int main(int argc, char** argv) {
       return Fail(
           "--docs-file sets the chunk and batch sizes itself (tokens per rank = batch total / G); drop "
           "--max-doc-len and --batch-size");
+    for (const char* sampling :
+         {"--batches", "--upsample", "--upsample-threshold", "--filter-ratio", "--elongate", "--seed"})
+      if (app.count(sampling) > 0)
+        return Fail(fmt::format("{} shapes sampled batches; --docs-file gives the batches themselves", sampling));
     if (o.gpus == 0) return Fail("--gpus is required");
     SimOptions shape = o;  // the parallel shape alone, before the docs file sets L and B
     shape.max_doc_len = shape.batch_size = 1;
@@ -454,6 +468,13 @@ int main(int argc, char** argv) {
       if (app.count("--micro-batches") > 0 || app.count("--recompute-mlp") > 0)
         return Fail(
             "--paper-grid sets micro-batches and MLP recomputation per configuration (use --grid-micro-batches)");
+      // The grid sets the shapes, the models and the workload sizes of its
+      // configurations itself, and writes CSV and charts.
+      for (const char* fixed : {"--gpus", "--tp", "--pp", "--cp", "--max-doc-len", "--batch-size", "--elongate",
+                                "--model", "--num-layers", "--hidden-size", "--num-attention-heads",
+                                "--num-query-groups", "--ffn-hidden-size", "--vocab-size", "--json", "--breakdown"})
+        if (app.count(fixed) > 0)
+          return Fail(fmt::format("{} does not apply with --paper-grid, which sets it per configuration", fixed));
       // The paper's Pretrain recipe unless overridden on the command line.
       if (app.count("--upsample") == 0) a.recipe.upsample = 4;
       if (app.count("--filter-ratio") == 0) a.recipe.filter_ratio = 0.5;
@@ -494,4 +515,14 @@ int main(int argc, char** argv) {
   PrintTable(results, a.breakdown);
   fmt::print("simulated in {:.2f} s\n", timer.Seconds());
   return 0;
+}
+
+// Anything thrown past the tool's own checks (an allocation that fails, a
+// library's exception) ends the run with its message, not an abort.
+int main(int argc, char** argv) {
+  try {
+    return Run(argc, argv);
+  } catch (const std::exception& e) {
+    return Fail(std::string("internal error: ") + e.what());
+  }
 }

@@ -149,7 +149,7 @@ void PrintComparison(const RunSummary& colocated, const RunSummary& cad) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int Run(int argc, char** argv) {
   CLI::App app{"distca-train: train a Llama-style model with colocated or disaggregated core attention"};
   Args a;
   distca::TrainOptions& t = a.train;
@@ -195,7 +195,7 @@ int main(int argc, char** argv) {
   app.add_option("--load", t.load_dir, "resume from a checkpoint directory");
   app.add_option("--trace", a.trace_file, "write a Chrome trace (under MPI rank r > 0 writes FILE.rank<r>)");
   app.add_option("--json-log", a.json_log, "append one JSON object per step to this file");
-  CLI11_PARSE(app, argc, argv);
+  if (int rc = 0; !distca::cli::Parse(app, argc, argv, &rc)) return rc;
 
   Status s = a.model.Resolve(&t.model);
   if (!s.ok()) return Fail(s.message());
@@ -301,4 +301,14 @@ int main(int argc, char** argv) {
   for (const RunSummary& run : runs) PrintSummary(run);
   if (a.compare && runs.size() == 2) PrintComparison(runs[0], runs[1]);
   return 0;
+}
+
+// Anything thrown past the tool's own checks (an allocation that fails, a
+// library's exception) ends the run with its message, not an abort.
+int main(int argc, char** argv) {
+  try {
+    return Run(argc, argv);
+  } catch (const std::exception& e) {
+    return Fail(std::string("internal error: ") + e.what());
+  }
 }

@@ -48,7 +48,8 @@ struct WorkloadRecipe {
 
 // Samples `count` batches from `pool` (document lengths) following `recipe`.
 // Deterministic for a given seed. OutOfRange when upsampling makes the pool
-// larger than kMaxSampledDocuments or count exceeds kMaxSampledBatches.
+// larger than kMaxSampledDocuments, when the batches together would hold
+// more documents than that, or when count exceeds kMaxSampledBatches.
 Status SampleBatches(const std::vector<int64_t>& pool, const WorkloadRecipe& recipe, int count,
                      std::vector<std::vector<int64_t>>* batches);
 

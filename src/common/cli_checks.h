@@ -2,6 +2,10 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <regex>
 #include <string>
 
 namespace distca::cli {
@@ -27,5 +31,59 @@ inline const CLI::Validator kNonNegative(
       }
     },
     "NON-NEGATIVE");
+
+// Numbers as a person writes them in decimal: CLI11 would otherwise read
+// "010" as octal 8, "0x10" as hex, saturate an integer past its type's range,
+// and let "inf" or "nan" through. Integer options take optional '-' and
+// digits without leading zeros, within int64 (uint64 for unsigned ones, which
+// take no sign); floating-point options take a finite decimal, with an
+// optional exponent.
+inline std::string CheckDecimal(const std::string& s, const std::string& type) {
+  static const std::regex kInteger(R"(-?(0|[1-9][0-9]*))"), kUnsigned(R"(0|[1-9][0-9]*)"),
+      kFloat(R"([+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?)");
+  if (type == "INT" || type == "UINT") {
+    if (!std::regex_match(s, type == "INT" ? kInteger : kUnsigned))
+      return "must be a " + std::string(type == "INT" ? "" : "non-negative ") +
+             "whole number in decimal digits (no leading zeros), got '" + s + "'";
+    errno = 0;
+    if (type == "INT") {
+      (void)std::strtoll(s.c_str(), nullptr, 10);
+    } else {
+      (void)std::strtoull(s.c_str(), nullptr, 10);
+    }
+    if (errno == ERANGE) return "is out of range for a 64-bit integer, got " + s;
+    return "";
+  }
+  if (!std::regex_match(s, kFloat)) return "must be a decimal number, got '" + s + "'";
+  if (!std::isfinite(std::strtod(s.c_str(), nullptr))) return "must be finite, got " + s;
+  return "";
+}
+
+// Adds CheckDecimal to every numeric option of `app` and of its
+// subcommands: call it once the options are declared.
+inline void StrictNumbers(CLI::App* app) {
+  for (CLI::Option* o : app->get_options()) {
+    // The type name, before any validators' names CLI11 appends ("INT:POSITIVE").
+    std::string type = o->get_type_name();
+    type = type.substr(0, type.find(':'));
+    if (type != "INT" && type != "UINT" && type != "FLOAT") continue;
+    o->check(CLI::Validator([type](std::string& s) { return CheckDecimal(s, type); }, "DECIMAL"));
+  }
+  for (CLI::App* sub : app->get_subcommands({})) StrictNumbers(sub);
+}
+
+// Parses the command line with StrictNumbers in force. Returns true to go
+// on; otherwise CLI11 has printed the help (*exit_code 0) or the error
+// (*exit_code 2, the status every tool gives bad input).
+inline bool Parse(CLI::App& app, int argc, char** argv, int* exit_code) {
+  StrictNumbers(&app);
+  try {
+    app.parse(argc, argv);
+    return true;
+  } catch (const CLI::ParseError& e) {
+    *exit_code = app.exit(e) == 0 ? 0 : 2;
+    return false;
+  }
+}
 
 }  // namespace distca::cli

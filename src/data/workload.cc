@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <random>
 
 #include "common/file_util.h"
@@ -88,13 +89,26 @@ Status SampleBatches(const std::vector<int64_t>& pool, const WorkloadRecipe& r, 
     for (int c = 0; c < copies; ++c) docs.push_back(scaled);
   }
   if (docs.empty()) return Status::InvalidArgument("the recipe's filter left no documents");
+  // The batches hold about count x tokens / (mean length) documents: refuse
+  // a sample far past the limit before allocating it (the loop below
+  // enforces the limit exactly).
+  const double mean_len = double(std::accumulate(docs.begin(), docs.end(), int64_t{0})) / double(docs.size());
+  const auto too_many = [&](int b) {
+    return Status::OutOfRange(
+        fmt::format("the batches would hold more than {} documents in all (batch {} of {}, {} tokens each): longer "
+                    "documents, or fewer or smaller batches",
+                    kMaxSampledDocuments, b, count, r.tokens_per_batch));
+  };
+  if (double(count) * double(r.tokens_per_batch) / mean_len > 2.0 * double(kMaxSampledDocuments)) return too_many(0);
 
   batches->clear();
   size_t next = docs.size();  // reshuffle on first use
+  int64_t emitted = 0;        // documents in all batches so far: bounded like the pool
   for (int b = 0; b < count; ++b) {
     std::vector<int64_t> batch;
     int64_t room = r.tokens_per_batch;
     while (room > 0) {
+      if (++emitted > kMaxSampledDocuments) return too_many(b);
       if (next == docs.size()) {
         std::shuffle(docs.begin(), docs.end(), rng);
         next = 0;

@@ -83,6 +83,12 @@ TEST(WorkloadTest, RecipeArguments) {
   r.upsample = 1;
   EXPECT_TRUE(Contains(SampleBatches({5}, r, kMaxSampledBatches + 1, &out), "100001 batches is above the limit"));
   EXPECT_TRUE(SampleBatches({5}, r, 3, &out).ok());
+  // ... and the documents the batches hold: one-token documents filling
+  // 2^32-token batches would be billions of lengths.
+  r.tokens_per_batch = kMaxTokensPerBatch;
+  const Status many = SampleBatches({1}, r, 1, &out);
+  EXPECT_EQ(many.code(), StatusCode::kOutOfRange);
+  EXPECT_TRUE(Contains(many, "would hold more than 67108864 documents in all")) << many.ToString();
 }
 
 }  // namespace
