@@ -319,8 +319,50 @@ Status TasksFromCuSeqlens(std::span<const int32_t> cu_q, std::span<const int32_t
   return Status::Ok();
 }
 
+namespace {
+
+// A thread count the engine can honour: 0 (OpenMP's default) to kMaxThreads.
+Status ValidateExec(const AttentionExec& exec) {
+  if (exec.num_threads < 0 || exec.num_threads > kMaxThreads)
+    return Status::InvalidArgument(
+        fmt::format("exec.num_threads must be in [0, {}], got {}", kMaxThreads, exec.num_threads));
+  return Status::Ok();
+}
+
+// Runs `body` with a failed allocation (of a workspace, a delta buffer, a
+// work list) reported as a Status, as the API promises, not thrown.
+template <class Body>
+Status NoThrow(const char* what, Body&& body) {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    return Status::OutOfRange(fmt::format("{}: out of memory for the engine's buffers", what));
+  }
+}
+
+Status ForwardImpl(const AttentionShape& s, std::span<const AttentionTask> tasks, const AttentionForwardArgs& a,
+                   const AttentionExec& exec);
+Status BackwardImpl(const AttentionShape& s, std::span<const AttentionTask> tasks, const AttentionBackwardArgs& a,
+                    const AttentionExec& exec);
+
+}  // namespace
+
 Status AttentionForward(const AttentionShape& s, std::span<const AttentionTask> tasks, const AttentionForwardArgs& a,
                         const AttentionExec& exec) {
+  DISTCA_RETURN_IF_ERROR(ValidateExec(exec));
+  return NoThrow("attention forward", [&] { return ForwardImpl(s, tasks, a, exec); });
+}
+
+Status AttentionBackward(const AttentionShape& s, std::span<const AttentionTask> tasks, const AttentionBackwardArgs& a,
+                         const AttentionExec& exec) {
+  DISTCA_RETURN_IF_ERROR(ValidateExec(exec));
+  return NoThrow("attention backward", [&] { return BackwardImpl(s, tasks, a, exec); });
+}
+
+namespace {
+
+Status ForwardImpl(const AttentionShape& s, std::span<const AttentionTask> tasks, const AttentionForwardArgs& a,
+                   const AttentionExec& exec) {
   DISTCA_RETURN_IF_ERROR(ValidateShape(s));
   DISTCA_RETURN_IF_ERROR(ValidateTasks(s, tasks));
   DISTCA_RETURN_IF_ERROR(RequirePointer(a.q, "args.q", s.total_q > 0));
@@ -338,8 +380,8 @@ Status AttentionForward(const AttentionShape& s, std::span<const AttentionTask> 
   return RunTiledForward(*tiled, s, tasks, a, exec);
 }
 
-Status AttentionBackward(const AttentionShape& s, std::span<const AttentionTask> tasks, const AttentionBackwardArgs& a,
-                         const AttentionExec& exec) {
+Status BackwardImpl(const AttentionShape& s, std::span<const AttentionTask> tasks, const AttentionBackwardArgs& a,
+                    const AttentionExec& exec) {
   DISTCA_RETURN_IF_ERROR(ValidateShape(s));
   DISTCA_RETURN_IF_ERROR(ValidateTasks(s, tasks));
   const bool has_q = s.total_q > 0;
@@ -380,8 +422,6 @@ Status AttentionBackward(const AttentionShape& s, std::span<const AttentionTask>
   ParallelZero(a.dv, s.total_k * s.kv_heads * s.head_dim, threads);
   return RunTiledBackward(*tiled, s, tasks, a, delta, exec);
 }
-
-namespace {
 
 // The task list of a cu_seqlens batch, checked against the shape's totals.
 Status VarlenTasks(const AttentionShape& s, std::span<const int32_t> cu_q, std::span<const int32_t> cu_k,

@@ -1,6 +1,8 @@
 #include "common/cpu_features.h"
 
+#include <strings.h>
 #include <cstdlib>
+
 #include <cstring>
 
 namespace distca {
@@ -16,11 +18,13 @@ CpuFeatures Detect() {
   f.avx512 = f.avx2_fma && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
 #endif
+  // The cap: avx512 (none), avx2, or scalar. Any other value caps at scalar,
+  // the choice that runs anywhere (a misspelt cap must not leave AVX-512 on).
   if (const char* cap = std::getenv("DISTCA_CPU_MAX_ISA")) {
-    if (std::strcmp(cap, "scalar") == 0) {
-      f.avx2_fma = false;
+    if (strcasecmp(cap, "avx2") == 0) {
       f.avx512 = false;
-    } else if (std::strcmp(cap, "avx2") == 0) {
+    } else if (strcasecmp(cap, "avx512") != 0) {
+      f.avx2_fma = false;
       f.avx512 = false;
     }
   }

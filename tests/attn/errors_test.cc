@@ -141,6 +141,17 @@ TEST_F(ErrorsTest, HugeSizesAreOutOfRange) {
   EXPECT_EQ(st.code(), StatusCode::kOutOfRange) << st.ToString();
 }
 
+TEST_F(ErrorsTest, ThreadCountsOutsideTheEnginesRangeAreRefused) {
+  for (int threads : {-1, 1 << 20}) {
+    const AttentionExec exec{AttentionKernel::kAuto, threads};
+    for (const Status& st : {AttentionForward(batch_.shape, batch_.tasks, Fwd(), exec),
+                             AttentionBackward(batch_.shape, batch_.tasks, Bwd(), exec)}) {
+      EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << threads;
+      EXPECT_NE(st.message().find("exec.num_threads must be in [0, 1024]"), std::string::npos) << st.ToString();
+    }
+  }
+}
+
 TEST_F(ErrorsTest, EmptyBatchIsFine) {
   AttentionShape s = batch_.shape;
   s.total_q = 0;
