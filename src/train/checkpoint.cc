@@ -280,17 +280,26 @@ Status LoadCheckpoint(const std::string& dir, Transformer* model, AdamW* optimiz
   const std::vector<ParamTensor>& layout = model->tensors();
   std::vector<float> params(size_t(model->size())), m(params.size()), v(params.size());
   DISTCA_RETURN_IF_ERROR(Unpack(weights, layout, "", where + "/model.safetensors", params.data()));
+  // Each file's tensors go as soon as they are unpacked (moved, not copied,
+  // into the moments' halves): loading holds little beyond the staged
+  // parameters and moments.
+  weights.tensors.clear();
+  weights.tensors.shrink_to_fit();
   SafetensorsFile m_file, v_file;
   for (auto& [name, e] : moments.tensors) {
     if (name.rfind("m.", 0) == 0)
-      m_file.tensors.emplace_back(name, e);
+      m_file.tensors.emplace_back(name, std::move(e));
     else if (name.rfind("v.", 0) == 0)
-      v_file.tensors.emplace_back(name, e);
+      v_file.tensors.emplace_back(name, std::move(e));
     else
       return Status::InvalidArgument(fmt::format("{}/optimizer.safetensors: unexpected tensor '{}'", where, name));
   }
+  moments.tensors.clear();
+  moments.tensors.shrink_to_fit();
   DISTCA_RETURN_IF_ERROR(Unpack(m_file, layout, "m.", where + "/optimizer.safetensors", m.data()));
+  m_file = {};
   DISTCA_RETURN_IF_ERROR(Unpack(v_file, layout, "v.", where + "/optimizer.safetensors", v.data()));
+  v_file = {};
   for (const auto* f : {&weights, &moments}) {
     bool step_ok = false;
     for (const auto& [k, val] : f->metadata) step_ok |= (k == "step" && val == std::to_string(st.step));
