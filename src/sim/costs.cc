@@ -44,12 +44,10 @@ RankCosts::RankCosts(const ModelConfig& m, const HardwareProfile& hw, int tp, bo
   const AttentionTable* pick = nullptr;
   for (const AttentionTable& t : hw.attention_tables)
     if (!t.csv.empty() && t.head_dim == m.head_dim() && (pick == nullptr || distance(t) < distance(*pick))) pick = &t;
-  CostModel table, forward;
-  if (pick != nullptr && CostModel::FromTableCsv(pick->csv, &table).ok()) {
+  CostModel table;
+  if (pick != nullptr && ParseAttentionTable(*pick, &table, &forward_table_).ok()) {
     table_ = std::move(table);
     table_scale_ = pick->scale * double(rank_q) / pick->q_heads;
-    if (!pick->forward_csv.empty() && CostModel::FromTableCsv(pick->forward_csv, &forward).ok())
-      forward_table_ = std::move(forward);
   }
 }
 

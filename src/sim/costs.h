@@ -12,6 +12,11 @@
 
 namespace distca::sim {
 
+// A profile's table and, when it has one, its forward-only table, parsed
+// and checked as ValidateAttentionTable describes (*forward stays empty
+// without a forward table).
+Status ParseAttentionTable(const AttentionTable& table, CostModel* total, std::optional<CostModel>* forward);
+
 // Backward / forward time ratio of the linear layers (DESIGN.md section 3);
 // core attention's comes from the profile (RankCosts::Attention).
 inline constexpr double kBackwardLinearFactor = 2.0;
@@ -19,8 +24,8 @@ inline constexpr double kBackwardLinearFactor = 2.0;
 class RankCosts {
  public:
   // REQUIRES: model and hardware valid (ValidateSimOptions), tp >= 1. (A
-  // table whose text does not parse is not used: the curve, or the
-  // factor's split, takes its place.)
+  // table that fails ParseAttentionTable is not used: the efficiency curve
+  // takes its place.)
   // recompute_mlp: selective recomputation of the MLP (SimOptions).
   RankCosts(const ModelConfig& model, const HardwareProfile& hardware, int tp, bool recompute_mlp = false);
 

@@ -80,12 +80,11 @@ Status EfficiencyCurveFromTable(std::string_view csv, double peak_flops, int q_h
 
 Status MeasuredBackwardFactor(const AttentionTable& table, double* factor) {
   if (factor == nullptr) return Status::InvalidArgument("factor is null");
-  DISTCA_RETURN_IF_ERROR(ValidateAttentionTable(table));
-  if (table.forward_csv.empty())
-    return Status::InvalidArgument("attention table '" + table.file + "' has no forward table");
-  CostModel total, forward;
-  DISTCA_RETURN_IF_ERROR(CostModel::FromTableCsv(table.csv, &total));
-  DISTCA_RETURN_IF_ERROR(CostModel::FromTableCsv(table.forward_csv, &forward));
+  CostModel total;
+  std::optional<CostModel> forward_table;
+  DISTCA_RETURN_IF_ERROR(sim::ParseAttentionTable(table, &total, &forward_table));
+  if (!forward_table) return Status::InvalidArgument("attention table '" + table.file + "' has no forward table");
+  const CostModel& forward = *forward_table;
   std::vector<double> ratios;
   const std::vector<double>& qs = total.q_grid();
   const std::vector<double>& kvs = total.kv_grid();

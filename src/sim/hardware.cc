@@ -6,12 +6,14 @@
 #include <filesystem>
 #include <initializer_list>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string_view>
 #include <tuple>
 
 #include "common/file_util.h"
 #include "distca/plan.h"
 #include "distca/sim.h"
+#include "sim/costs.h"
 
 namespace distca {
 namespace {
@@ -229,6 +231,15 @@ std::string HardwareProfileJson(const HardwareProfile& p) {
 }
 
 Status ValidateAttentionTable(const AttentionTable& t) {
+  CostModel total;
+  std::optional<CostModel> forward;
+  return sim::ParseAttentionTable(t, &total, &forward);
+}
+
+namespace sim {
+
+Status ParseAttentionTable(const AttentionTable& t, CostModel* total_out, std::optional<CostModel>* forward_out) {
+  forward_out->reset();
   if (t.csv.empty())
     return Status::InvalidArgument(
         fmt::format("the attention table '{}' was not read (load the profile with LoadHardwareProfile)", t.file));
@@ -238,6 +249,7 @@ Status ValidateAttentionTable(const AttentionTable& t) {
     if (!t.forward_csv.empty())
       return Status::InvalidArgument(
           fmt::format("attention table '{}' has a forward table's text but no forward_file to name it", t.file));
+    *total_out = std::move(total);
     return Status::Ok();
   }
   const std::string where = "forward table '" + t.forward_file + "' of '" + t.file + "'";
@@ -268,8 +280,12 @@ Status ValidateAttentionTable(const AttentionTable& t) {
           "({:g})",
           where, total.q_grid()[i / nk], total.kv_grid()[i % nk], f, fb));
   }
+  *total_out = std::move(total);
+  *forward_out = std::move(forward);
   return Status::Ok();
 }
+
+}  // namespace sim
 
 Status LoadHardwareProfile(const std::string& path, HardwareProfile* profile) {
   std::string text;
