@@ -46,12 +46,4 @@ int Run(int argc, char** argv) {
   return 0;
 }
 
-// Anything thrown past the tool's own checks (an allocation that fails, a
-// library's exception) ends the run with its message, not an abort.
-int main(int argc, char** argv) {
-  try {
-    return Run(argc, argv);
-  } catch (const std::exception& e) {
-    return Fail(std::string("internal error: ") + e.what());
-  }
-}
+int main(int argc, char** argv) { return distca::cli::GuardedMain(argc, argv, Run, Fail); }

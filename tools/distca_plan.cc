@@ -49,11 +49,7 @@ Status LoadBatches(const Args& a, std::vector<std::vector<int64_t>>* batches) {
   std::vector<int64_t> pool;
   DISTCA_RETURN_IF_ERROR(distca::ReadLengthsFile(a.lengths_file, &pool));
   distca::WorkloadRecipe recipe = a.recipe;
-  const int64_t per_rank = a.tokens_per_rank.value_or(128 * 1024);
-  if (per_rank > distca::kMaxTokensPerBatch / a.plan.ranks)
-    return Status::OutOfRange(fmt::format("--tokens-per-rank {} x {} ranks is above the limit of {} tokens per batch",
-                                          per_rank, a.plan.ranks, distca::kMaxTokensPerBatch));
-  recipe.tokens_per_batch = int64_t{a.plan.ranks} * per_rank;
+  recipe.tokens_per_batch = int64_t{a.plan.ranks} * a.tokens_per_rank.value_or(128 * 1024);
   return distca::SampleBatches(pool, recipe, a.batches, batches);
 }
 
@@ -61,8 +57,7 @@ Status CheckTokenBudget(const Args& a, const std::vector<int64_t>& batch, size_t
   int64_t total = 0;
   for (int64_t len : batch) total += len;
   const int64_t per_rank = total / a.plan.ranks;
-  if (a.tokens_per_rank && !a.docs_file.empty() &&
-      (*a.tokens_per_rank > distca::kMaxTokensPerBatch / a.plan.ranks || total != *a.tokens_per_rank * a.plan.ranks))
+  if (a.tokens_per_rank && !a.docs_file.empty() && total != *a.tokens_per_rank * a.plan.ranks)
     return Status::InvalidArgument(fmt::format("batch {} holds {} tokens, not --tokens-per-rank {} x {} ranks", index,
                                                total, *a.tokens_per_rank, a.plan.ranks));
   if (per_rank < a.plan.block)
@@ -125,13 +120,17 @@ int Run(int argc, char** argv) {
   Status s = distca::ParsePlanPolicy(a.policy, &a.plan.policy);
   if (!s.ok()) return Fail(s.message());
   if (a.batch && a.docs_file.empty()) return Fail("--batch needs --docs-file");
-  if (!a.docs_file.empty())
-    for (const char* sampling :
-         {"--batches", "--max-doc-len", "--upsample", "--upsample-threshold", "--filter-ratio", "--elongate", "--seed"})
-      if (app.count(sampling) > 0)
-        return Fail(fmt::format("{} shapes sampled batches; --docs-file gives the batches themselves", sampling));
+  if (!a.docs_file.empty()) {
+    const char* flag = distca::cli::FirstGiven(app, distca::cli::kSamplingFlags);
+    if (flag == nullptr) flag = distca::cli::FirstGiven(app, {"--max-doc-len"});
+    if (flag != nullptr) return Fail(distca::cli::SamplingWithDocsFile(flag));
+  }
   if (a.tokens_per_rank && *a.tokens_per_rank < a.plan.block)
     return Fail(fmt::format("--tokens-per-rank {} is smaller than a block ({})", *a.tokens_per_rank, a.plan.block));
+  // Checked once, so that tokens per rank x ranks cannot wrap below.
+  if (a.tokens_per_rank && *a.tokens_per_rank > distca::kMaxTokensPerBatch / a.plan.ranks)
+    return Fail(fmt::format("--tokens-per-rank {} x {} ranks is above the limit of {} tokens per batch",
+                            *a.tokens_per_rank, a.plan.ranks, distca::kMaxTokensPerBatch));
   distca::CostModel cost = distca::CostModel::Flops(a.plan.model);
   if (!a.cost_table.empty()) {
     std::string csv;
@@ -199,12 +198,4 @@ int Run(int argc, char** argv) {
   return 0;
 }
 
-// Anything thrown past the tool's own checks (an allocation that fails, a
-// library's exception) ends the run with its message, not an abort.
-int main(int argc, char** argv) {
-  try {
-    return Run(argc, argv);
-  } catch (const std::exception& e) {
-    return Fail(std::string("internal error: ") + e.what());
-  }
-}
+int main(int argc, char** argv) { return distca::cli::GuardedMain(argc, argv, Run, Fail); }

@@ -442,10 +442,8 @@ int Run(int argc, char** argv) {
       return Fail(
           "--docs-file sets the chunk and batch sizes itself (tokens per rank = batch total / G); drop "
           "--max-doc-len and --batch-size");
-    for (const char* sampling :
-         {"--batches", "--upsample", "--upsample-threshold", "--filter-ratio", "--elongate", "--seed"})
-      if (app.count(sampling) > 0)
-        return Fail(fmt::format("{} shapes sampled batches; --docs-file gives the batches themselves", sampling));
+    if (const char* flag = distca::cli::FirstGiven(app, distca::cli::kSamplingFlags))
+      return Fail(distca::cli::SamplingWithDocsFile(flag));
     if (o.gpus == 0) return Fail("--gpus is required");
     SimOptions shape = o;  // the parallel shape alone, before the docs file sets L and B
     shape.max_doc_len = shape.batch_size = 1;
@@ -470,11 +468,11 @@ int Run(int argc, char** argv) {
             "--paper-grid sets micro-batches and MLP recomputation per configuration (use --grid-micro-batches)");
       // The grid sets the shapes, the models and the workload sizes of its
       // configurations itself, and writes CSV and charts.
-      for (const char* fixed : {"--gpus", "--tp", "--pp", "--cp", "--max-doc-len", "--batch-size", "--elongate",
-                                "--model", "--num-layers", "--hidden-size", "--num-attention-heads",
-                                "--num-query-groups", "--ffn-hidden-size", "--vocab-size", "--json", "--breakdown"})
-        if (app.count(fixed) > 0)
-          return Fail(fmt::format("{} does not apply with --paper-grid, which sets it per configuration", fixed));
+      if (const char* fixed = distca::cli::FirstGiven(
+              app, {"--gpus", "--tp", "--pp", "--cp", "--max-doc-len", "--batch-size", "--elongate", "--model",
+                    "--num-layers", "--hidden-size", "--num-attention-heads", "--num-query-groups", "--ffn-hidden-size",
+                    "--vocab-size", "--json", "--breakdown"}))
+        return Fail(fmt::format("{} does not apply with --paper-grid, which sets it per configuration", fixed));
       // The paper's Pretrain recipe unless overridden on the command line.
       if (app.count("--upsample") == 0) a.recipe.upsample = 4;
       if (app.count("--filter-ratio") == 0) a.recipe.filter_ratio = 0.5;
@@ -517,12 +515,4 @@ int Run(int argc, char** argv) {
   return 0;
 }
 
-// Anything thrown past the tool's own checks (an allocation that fails, a
-// library's exception) ends the run with its message, not an abort.
-int main(int argc, char** argv) {
-  try {
-    return Run(argc, argv);
-  } catch (const std::exception& e) {
-    return Fail(std::string("internal error: ") + e.what());
-  }
-}
+int main(int argc, char** argv) { return distca::cli::GuardedMain(argc, argv, Run, Fail); }

@@ -5,6 +5,8 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <exception>
+#include <initializer_list>
 #include <regex>
 #include <string>
 
@@ -83,6 +85,34 @@ inline bool Parse(CLI::App& app, int argc, char** argv, int* exit_code) {
   } catch (const CLI::ParseError& e) {
     *exit_code = app.exit(e) == 0 ? 0 : 2;
     return false;
+  }
+}
+
+// The first of `flags` given on the command line, or null: for flags that
+// another option makes meaningless, which a tool refuses rather than ignores.
+inline const char* FirstGiven(const CLI::App& app, std::initializer_list<const char*> flags) {
+  for (const char* flag : flags)
+    if (app.count(flag) > 0) return flag;
+  return nullptr;
+}
+
+// The sampling flags that --docs-file, which gives the batches themselves,
+// makes meaningless (tools with a --lengths pool to sample from).
+inline constexpr std::initializer_list<const char*> kSamplingFlags = {
+    "--batches", "--upsample", "--upsample-threshold", "--filter-ratio", "--elongate", "--seed"};
+inline std::string SamplingWithDocsFile(const char* flag) {
+  return std::string(flag) + " shapes sampled batches; --docs-file gives the batches themselves";
+}
+
+// A tool's main: runs `run`, and ends anything thrown past the tool's own
+// checks (an allocation that fails, a library's exception) through `fail`
+// with its message, not an abort.
+template <class Run, class Fail>
+int GuardedMain(int argc, char** argv, Run&& run, Fail&& fail) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    return fail(std::string("internal error: ") + e.what());
   }
 }
 
