@@ -3,11 +3,16 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <numeric>
 
 #include "data/streams.h"
 
 namespace distca::data {
 namespace {
+
+int64_t Total(const std::vector<int64_t>& lengths) {
+  return std::accumulate(lengths.begin(), lengths.end(), int64_t{0});
+}
 
 class SyntheticStream final : public BatchStream {
  public:
@@ -49,20 +54,13 @@ class SyntheticStream final : public BatchStream {
 
   int64_t tokens_per_batch() const override {
     if (batches_.empty()) return recipe_.tokens_per_batch;
-    const std::vector<int64_t>& b = batches_[static_cast<size_t>(step_ % static_cast<int64_t>(batches_.size()))];
-    int64_t total = 0;
-    for (int64_t len : b) total += len;
-    return total;
+    return Total(batches_[static_cast<size_t>(step_ % static_cast<int64_t>(batches_.size()))]);
   }
 
   int64_t max_tokens_per_batch() const override {
     if (batches_.empty()) return recipe_.tokens_per_batch;
     int64_t most = 0;
-    for (const std::vector<int64_t>& b : batches_) {
-      int64_t total = 0;
-      for (int64_t len : b) total += len;
-      most = std::max(most, total);
-    }
+    for (const std::vector<int64_t>& b : batches_) most = std::max(most, Total(b));
     return most;
   }
 

@@ -168,9 +168,9 @@ Status Exchange(Comm& comm, Layout& l, AttentionContext::State& st) {
 // Empties a buffer and returns its memory (clear() would keep it): a
 // context lives for its layer's whole step, and what a server no longer
 // needs must not stay allocated through the other layers.
-template <class T>
-void Release(std::vector<T>& v) {
-  std::vector<T>().swap(v);
+template <class... V>
+void Release(V&... buffers) {
+  ((V().swap(buffers)), ...);
 }
 
 // Sizes the send and receive buffers from per-peer float counts.
@@ -375,9 +375,7 @@ Status AttentionDispatcher::ServeForward(Comm& comm, AttentionContext* ctx) {
     out_stream = GatherStats(l.peers[p].q_in, st.lse.data(), l.server_q_rows, heads, out_stream, /*use_dst=*/true);
   }
   if (l.options.backward == BackwardMode::kStateless) {
-    Release(st.q);
-    Release(st.k);
-    Release(st.v);
+    Release(st.q, st.k, st.v);
   }
   st.forward_done = true;
   return Exchange(comm, l, st);
@@ -404,8 +402,7 @@ Status AttentionDispatcher::FinishForward(Comm&, float* out, float* lse, Attenti
   Release(st.out);  // O stays with its owner; servers never need it again
   // The exchange's buffers are done with; without a cache the server's
   // statistics too (the backward dispatch brings them again).
-  Release(st.send);
-  Release(st.recv);
+  Release(st.send, st.recv);
   if (l.options.backward == BackwardMode::kStateless) Release(st.lse);
   return Status::Ok();
 }
@@ -543,12 +540,7 @@ Status AttentionDispatcher::ServeBackward(Comm& comm, AttentionContext* ctx) {
     out_stream = Gather(l.peers[p].kv_in, st.dv.data(), kw, out_stream, /*use_dst=*/true);
   }
   // The server's buffers are done with (dq/dk/dv of local rows still to place).
-  Release(st.q);
-  Release(st.k);
-  Release(st.v);
-  Release(st.dout);
-  Release(st.lse);
-  Release(st.delta);
+  Release(st.q, st.k, st.v, st.dout, st.lse, st.delta);
   st.forward_done = false;
   return Exchange(comm, l, st);
 }
@@ -578,11 +570,7 @@ Status AttentionDispatcher::FinishBackward(Comm&, float* dq, float* dk, float* d
     stream = Scatter(l.peers[p].kv_out, stream, dk, kw, /*use_src=*/true, /*add=*/true);
     stream = Scatter(l.peers[p].kv_out, stream, dv, kw, /*use_src=*/true, /*add=*/true);
   }
-  Release(st.dq);
-  Release(st.dk);
-  Release(st.dv);
-  Release(st.send);
-  Release(st.recv);
+  Release(st.dq, st.dk, st.dv, st.send, st.recv);
   return Status::Ok();
 }
 
