@@ -147,16 +147,19 @@ Status PlanLayout(const PlanOptions& o, const CostModel& cost, Plan p, Plan* pla
   };
   double eps = o.tolerance;
   DISTCA_RETURN_IF_ERROR(PlanOnce(o, cost, eps, &p));
-  // Colocated moves nothing whatever eps is: there is nothing to search.
-  if (o.comm_budget > 0 && busiest(p) > o.comm_budget && o.policy != PlanPolicy::kColocated) {
+  if (o.comm_budget > 0 && busiest(p) > o.comm_budget) {
     // Raise eps until the busiest rank's traffic fits. Once eps covers the
     // colocated plan's own imbalance on both sides, no policy moves anything
     // (distca caps the maximum at (1 + eps) mean; the paper's recipients pull
     // only while their deficit exceeds eps * mean), so the search ends there.
+    // A colocated plan moves what the layout needs whatever eps is: it is
+    // refused, or kept under a budget that grows, before any search.
     Plan colocated = p;
-    PlanOptions co = o;
-    co.policy = PlanPolicy::kColocated;
-    DISTCA_RETURN_IF_ERROR(PlanOnce(co, cost, 0.0, &colocated));
+    if (o.policy != PlanPolicy::kColocated) {
+      PlanOptions co = o;
+      co.policy = PlanPolicy::kColocated;
+      DISTCA_RETURN_IF_ERROR(PlanOnce(co, cost, 0.0, &colocated));
+    }
     double eps_max = std::max(colocated.stats.max_over_mean() - 1.0, 1.0 - colocated.stats.min_over_mean());
     // The paper policy loads a piece as its head and tail halves, which a
     // measured table does not cost as the whole piece; from eps 1 on no

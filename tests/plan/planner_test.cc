@@ -410,6 +410,39 @@ TEST(PlannerTest, DedicatedServersTakeWork) {
   EXPECT_LE(p.stats.max_over_mean(), 1.05 + 1e-9);
 }
 
+// distca: a rank holding a later piece of a document already needs (and
+// gets) its K/V prefix, so rows of that document cost it only their Q. Rank 0
+// holds the first 4096 tokens of a 4224-token document, rank 1 its last 128
+// among short documents, rank 2 short documents only and the most room. At
+// eps 0.5 rank 1 has room for all rank 0 sheds: every moved row goes there
+// (to rank 2 they would bring the 4096-row prefix along), and rank 2
+// receives nothing more than under the colocated plan.
+TEST(PlannerTest, DistcaSendsRowsWhereTheirPrefixAlreadyIs) {
+  std::vector<int64_t> docs = {4096 + 128};
+  for (int i = 0; i < 31 + 32; ++i) docs.push_back(128);
+  PlanOptions o;
+  o.ranks = 3;
+  o.tolerance = 0.5;
+  const CostModel cost = CostModel::Flops(o.model);
+  Plan colocated, p;
+  o.policy = PlanPolicy::kColocated;
+  ASSERT_TRUE(BuildPlan(docs, o, cost, &colocated).ok());
+  ASSERT_EQ(colocated.documents[0].pieces.size(), 2u);
+  ASSERT_EQ(colocated.documents[0].pieces[1].rank, 1);
+  o.policy = PlanPolicy::kDistca;
+  ASSERT_TRUE(BuildPlan(docs, o, cost, &p).ok());
+  ASSERT_TRUE(ValidatePlan(p, cost).ok());
+  EXPECT_TRUE(p.bound_met);
+  int64_t moved = 0;
+  for (const PlanTask& t : p.tasks) {
+    if (t.doc != 0) continue;
+    EXPECT_NE(t.server, 2) << "rows [" << t.q_begin << ", " << t.q_end << ") of the long document";
+    if (t.server == 1 && t.q_begin < 4096) moved += std::min<int64_t>(t.q_end, 4096) - t.q_begin;
+  }
+  EXPECT_GT(moved, 0);
+  EXPECT_EQ(p.stats.traffic.received[2], colocated.stats.traffic.received[2]);
+}
+
 TEST(PlannerTest, CommBudgetRaisesTolerance) {
   PlanOptions o;
   o.ranks = 8;
@@ -435,6 +468,25 @@ TEST(PlannerTest, CommBudgetRaisesTolerance) {
   if (colocated.stats.traffic.max_rank_bytes() > 1) {
     o.comm_budget = 1;
     EXPECT_TRUE(Contains(BuildPlan(Skewed(), o, cost, &p), "below what the linear layout alone moves"));
+  }
+
+  // A colocated plan is not searched, but it is held to the budget all the
+  // same: refused below the layout's need, kept as it is when the budget
+  // may grow to it or holds it.
+  {
+    PlanOptions c = o;
+    c.policy = PlanPolicy::kColocated;
+    const int64_t need = colocated.stats.traffic.max_rank_bytes();
+    ASSERT_GT(need, 1);
+    c.comm_budget = need - 1;
+    EXPECT_TRUE(Contains(BuildPlan(Skewed(), c, cost, &p), "below what the linear layout alone moves"));
+    c.budget_grows = true;
+    ASSERT_TRUE(BuildPlan(Skewed(), c, cost, &p).ok());
+    EXPECT_EQ(p.stats.traffic.max_rank_bytes(), need);
+    c.budget_grows = false;
+    c.comm_budget = need;
+    ASSERT_TRUE(BuildPlan(Skewed(), c, cost, &p).ok());
+    EXPECT_EQ(p.stats.traffic.max_rank_bytes(), need);
   }
 
   // The same search with the budget on each exchange (a buffer that holds
