@@ -44,8 +44,11 @@ std::vector<std::string> ModelPresetNames();
 // in int64 and per-layer loops stay short.
 inline constexpr int kMaxLayers = 10'000;
 inline constexpr int kMaxWidth = 1 << 24;  // vocab_size, hidden_size, ffn_hidden_size
+// And on the parameter count (which the widths and layers alone let reach
+// 2^64): 2^58, so that 16 bytes per parameter still fit in int64.
+inline constexpr int64_t kMaxParameters = int64_t{1} << 58;
 // Every field positive and within the bounds above, C divisible by Hq, Hq by
-// Hkv, head_dim even (RoPE).
+// Hkv, head_dim even (RoPE), at most kMaxParameters parameters.
 Status ValidateModelConfig(const ModelConfig& config);
 
 // One named parameter tensor inside the flat parameter buffer.
@@ -119,7 +122,10 @@ struct ModelTimes {
 class ModelPass : public LayerCallbacks {
  public:
   // REQUIRES: model outlives the pass. threads: OpenMP threads for GEMMs (0 = default).
-  ModelPass(Transformer* model, int threads);
+  // The LM head runs over row chunks whose logits hold at most
+  // max_logit_floats floats (at least one row; default 2^24, 64 MiB).
+  static constexpr int64_t kDefaultMaxLogitFloats = int64_t{1} << 24;
+  ModelPass(Transformer* model, int threads, int64_t max_logit_floats = kDefaultMaxLogitFloats);
   ~ModelPass() override;
 
   Status Begin(std::vector<TokenRows> nanos, double loss_scale);
@@ -157,7 +163,8 @@ struct AdamWOptions {
   float weight_decay = 0.1f;  // Default: 0.1, not applied to norm weights (1-D tensors)
 };
 
-// AdamW over the flat parameter buffer; m and v are its state.
+// AdamW over the flat parameter buffer; m and v are its state (8 bytes per
+// parameter: weight decay is chosen per tensor, not stored per parameter).
 class AdamW {
  public:
   AdamW(const Transformer& model, const AdamWOptions& options);
@@ -171,8 +178,12 @@ class AdamW {
   void set_step(int64_t step) { step_ = step; }
 
  private:
+  struct Range {
+    int64_t offset, size;
+    bool decay;  // matrices decay; 1-D tensors (norm weights) do not
+  };
   AdamWOptions options_;
-  std::vector<float> decay_mask_;  // 1 where weight decay applies
+  std::vector<Range> ranges_;  // the model's tensors
   std::vector<float> m_, v_;
   int64_t step_ = 0;
 };

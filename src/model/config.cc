@@ -105,6 +105,18 @@ Status ValidateModelConfig(const ModelConfig& c) {
   if (!(std::isfinite(c.norm_eps) && c.norm_eps > 0.0f)) {
     return Status::InvalidArgument(fmt::format("norm_eps must be finite and > 0, got {} (--norm-epsilon)", c.norm_eps));
   }
+  // The widths alone do not bound the total: 10,000 layers of hidden 2^24
+  // hold about 2^64 parameters. Counted in 128 bits, as ParamLayout lays
+  // them out, and bounded so that byte counts (x 16) stay in int64 too.
+  __extension__ typedef __int128 Wide;  // GCC's 128-bit integer
+  const Wide C = c.hidden, F = c.ffn_hidden, kv_dim = Wide{c.kv_heads} * d;
+  const Wide per_layer = 2 * C + 2 * C * C + 2 * kv_dim * C + 3 * F * C;
+  const Wide total = 2 * Wide{c.vocab_size} * C + C + Wide{c.num_layers} * per_layer;
+  if (total > kMaxParameters)
+    return Status::OutOfRange(fmt::format(
+        "the model has about {:.3g} parameters, above the limit of {:.3g} (2^58; --num-layers, --hidden-size, "
+        "--ffn-hidden-size, --vocab-size)",
+        double(total), double(kMaxParameters)));
   return Status::Ok();
 }
 

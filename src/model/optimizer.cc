@@ -8,12 +8,8 @@
 namespace distca {
 
 AdamW::AdamW(const Transformer& model, const AdamWOptions& options)
-    : options_(options),
-      decay_mask_(size_t(model.size()), 0.0f),
-      m_(size_t(model.size()), 0.0f),
-      v_(size_t(model.size()), 0.0f) {
-  for (const ParamTensor& t : model.tensors())
-    if (t.shape.size() >= 2) std::fill_n(decay_mask_.begin() + t.offset, t.size, 1.0f);
+    : options_(options), m_(size_t(model.size()), 0.0f), v_(size_t(model.size()), 0.0f) {
+  for (const ParamTensor& t : model.tensors()) ranges_.push_back({t.offset, t.size, t.shape.size() >= 2});
 }
 
 void AdamW::Step(Transformer* model, float lr) {
@@ -22,22 +18,25 @@ void AdamW::Step(Transformer* model, float lr) {
   // Bias corrections 1 - beta^t in double: beta2^t approaches 1 slowly.
   const float correction1 = float(1.0 - std::pow(double(options_.beta1), t));
   const float correction2 = float(1.0 - std::pow(double(options_.beta2), t));
-  const float beta1 = options_.beta1, beta2 = options_.beta2, eps = options_.eps, wd = options_.weight_decay;
+  const float beta1 = options_.beta1, beta2 = options_.beta2, eps = options_.eps;
   float* params = model->params();
   const float* grads = model->grads();
-  const float* mask = decay_mask_.data();
   float* m = m_.data();
   float* v = v_.data();
-  const int64_t n = int64_t(m_.size());
-  // p -= lr * (m_hat / (sqrt(v_hat) + eps) + wd * p), as PyTorch's AdamW (decoupled decay).
-#pragma omp parallel for if (n >= (int64_t{1} << 16))
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = grads[i];
-    m[i] = beta1 * m[i] + (1.0f - beta1) * g;
-    v[i] = beta2 * v[i] + (1.0f - beta2) * g * g;
-    const float m_hat = m[i] / correction1;
-    const float v_hat = v[i] / correction2;
-    params[i] -= lr * (m_hat / (std::sqrt(v_hat) + eps) + wd * mask[i] * params[i]);
+  // p -= lr * (m_hat / (sqrt(v_hat) + eps) + wd * p), as PyTorch's AdamW
+  // (decoupled decay), tensor by tensor: matrices decay, norm weights not.
+  for (const Range& r : ranges_) {
+    const float wd = r.decay ? options_.weight_decay : 0.0f;
+    const int64_t end = r.offset + r.size;
+#pragma omp parallel for if (r.size >= (int64_t{1} << 16))
+    for (int64_t i = r.offset; i < end; ++i) {
+      const float g = grads[i];
+      m[i] = beta1 * m[i] + (1.0f - beta1) * g;
+      v[i] = beta2 * v[i] + (1.0f - beta2) * g * g;
+      const float m_hat = m[i] / correction1;
+      const float v_hat = v[i] / correction2;
+      params[i] -= lr * (m_hat / (std::sqrt(v_hat) + eps) + wd * params[i]);
+    }
   }
 }
 

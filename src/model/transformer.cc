@@ -196,7 +196,7 @@ void Transformer::InitWeights(uint64_t seed) {
 
 class ModelPass::Impl {
  public:
-  Impl(Transformer* model, int threads)
+  Impl(Transformer* model, int threads, int64_t max_logit_floats)
       : model_(model),
         config_(model->config()),
         offsets_(ComputeOffsets(model->tensors(), config_.num_layers)),
@@ -208,7 +208,8 @@ class ModelPass::Impl {
         L_(config_.num_layers),
         q_dim_(config_.q_heads * D_),
         kv_dim_(config_.kv_heads * D_),
-        qkv_dim_(q_dim_ + 2 * kv_dim_) {}
+        qkv_dim_(q_dim_ + 2 * kv_dim_),
+        max_logit_floats_(max_logit_floats) {}
 
   Status Begin(std::vector<TokenRows> nanos, double loss_scale);
   Status Loss(double* loss_sum, int64_t* targets);
@@ -275,7 +276,8 @@ class ModelPass::Impl {
   AlignedBuffer<float> dact_;      // (N, F)
   AlignedBuffer<float> dgate_up_;  // (N, 2F)
   AlignedBuffer<float> dnorm_;     // (N, C) gradient at a norm's output
-  // LM head, over row chunks of at most head_rows_.
+  // LM head, over row chunks of at most head_rows_ (max_logit_floats_ / V).
+  const int64_t max_logit_floats_;
   int64_t head_rows_ = 0;
   AlignedBuffer<float> head_h_;       // (rows, C) final_norm(x_out)
   AlignedBuffer<float> head_rstd_;    // (rows)
@@ -344,8 +346,8 @@ Status ModelPass::Impl::Begin(std::vector<TokenRows> nanos, double loss_scale) {
     Reserve(dact_, size_t(max_rows) * size_t(F_));
     Reserve(dgate_up_, size_t(max_rows) * 2 * size_t(F_));
     Reserve(dnorm_, size_t(max_rows) * size_t(C_));
-    // The logits of a chunk take at most ~64 MiB (at least one row).
-    head_rows_ = std::max<int64_t>(1, std::min<int64_t>(max_rows, (int64_t{1} << 24) / V_));
+    // The logits of a chunk take at most max_logit_floats_ (at least one row).
+    head_rows_ = std::max<int64_t>(1, std::min<int64_t>(max_rows, max_logit_floats_ / V_));
     Reserve(head_h_, size_t(head_rows_) * size_t(C_));
     Reserve(head_rstd_, size_t(head_rows_));
     Reserve(head_logits_, size_t(head_rows_) * size_t(V_));
@@ -535,7 +537,8 @@ Status ModelPass::Impl::End() {
   return Status::Ok();
 }
 
-ModelPass::ModelPass(Transformer* model, int threads) : impl_(std::make_unique<Impl>(model, threads)) {}
+ModelPass::ModelPass(Transformer* model, int threads, int64_t max_logit_floats)
+    : impl_(std::make_unique<Impl>(model, threads, max_logit_floats)) {}
 ModelPass::~ModelPass() = default;
 
 Status ModelPass::Begin(std::vector<TokenRows> nanos, double loss_scale) {

@@ -6,9 +6,11 @@
 // dL/dout = R, and compares the kernel's gradient with
 // (f(p + h) - f(p - h)) / (2h) for every input element p.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <random>
@@ -363,6 +365,54 @@ TEST(LayerFloatTest, KernelsMatchDouble) {
     expect_within("linear dx", dxf, dxd, dxb, O);
     expect_within("linear dW", dWf, dWd, dWb, N);
   }
+}
+
+// Shapes past the kernels' OpenMP thresholds: 1 and 4 threads give the same
+// bits (layers.h: every row is computed by one thread, and sums over rows
+// run serially).
+TEST(LayerFloatTest, ThreadCountDoesNotChangeResults) {
+  constexpr int64_t N = 640;
+  constexpr int C = 64, V = 256, F = 64, H = 4, D = 16;
+  const std::vector<float> x = ToFloat(Random(N * C, 40)), w = ToFloat(Random(C, 41));
+  const std::vector<float> dy = ToFloat(Random(N * C, 42)), table = ToFloat(Random(size_t(V) * C, 43));
+  const std::vector<float> gu = ToFloat(Random(N * 2 * F, 44, 3.0)), dact = ToFloat(Random(N * F, 45));
+  const std::vector<float> logits = ToFloat(Random(N * V, 46, 5.0)), qk = ToFloat(Random(N * H * D, 47));
+  std::vector<int32_t> tokens(N), targets(N);
+  std::vector<int64_t> positions(N);
+  for (int64_t n = 0; n < N; ++n) {
+    tokens[size_t(n)] = int32_t((n * 37) % V);
+    targets[size_t(n)] = n % 9 == 0 ? -1 : int32_t((n * 11) % V);
+    positions[size_t(n)] = n * 13;
+  }
+  // Every output of every float kernel, back to back.
+  const auto run = [&](int threads) {
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    std::vector<std::vector<float>> out;
+    out.reserve(32);  // the pointers handed out stay valid
+    const auto add = [&](size_t n) -> float* { return out.emplace_back(n).data(); };
+    EmbeddingForward(add(N * C), tokens.data(), table.data(), N, C);
+    EmbeddingBackward(add(size_t(V) * C), dy.data(), tokens.data(), N, C);
+    float* rstd = add(N);
+    RmsNormForward(add(N * C), rstd, x.data(), w.data(), N, C, 1e-5f);
+    RmsNormBackward(add(N * C), add(C), dy.data(), x.data(), w.data(), rstd, N, C);
+    float* cos_table = add(N * D / 2);
+    float* sin_table = add(N * D / 2);
+    RopeTables(cos_table, sin_table, positions.data(), N, D, 500000.0);
+    RopeForward(add(qk.size()), H * D, qk.data(), H * D, cos_table, sin_table, N, H, D);
+    RopeBackward(add(qk.size()), H * D, qk.data(), H * D, cos_table, sin_table, N, H, D);
+    SwiGluForward(add(N * F), gu.data(), N, F);
+    SwiGluBackward(add(N * 2 * F), dact.data(), gu.data(), N, F);
+    float* losses = add(N);
+    const int64_t count = CrossEntropyForwardBackward(losses, add(N * V), logits.data(), targets.data(), N, V, 0.5);
+    add(1)[0] = float(count);
+    omp_set_num_threads(saved);
+    return out;
+  };
+  const auto one = run(1), four = run(4);
+  ASSERT_EQ(one.size(), four.size());
+  for (size_t k = 0; k < one.size(); ++k)
+    EXPECT_EQ(std::memcmp(one[k].data(), four[k].data(), sizeof(float) * one[k].size()), 0) << "output " << k;
 }
 
 }  // namespace

@@ -104,6 +104,11 @@ TEST(ModelConfigTest, ValidationNamesTheField) {
       {[](ModelConfig& c) { c.vocab_size = kMaxWidth + 1; }, "(--vocab-size)"},
       {[](ModelConfig& c) { c.hidden = 2 * kMaxWidth, c.q_heads = 1 << 20, c.kv_heads = 1 << 20; }, "(--hidden-size)"},
       {[](ModelConfig& c) { c.ffn_hidden = kMaxWidth + 1; }, "(--ffn-hidden-size)"},
+      // Every width within its bound, the total about 2^64 parameters.
+      {[](ModelConfig& c) {
+         c.num_layers = kMaxLayers, c.hidden = c.ffn_hidden = kMaxWidth, c.q_heads = c.kv_heads = 1 << 14;
+       },
+       "parameters, above the limit"},
   };
   for (const Case& k : cases) {
     ModelConfig c = Tiny();
@@ -114,6 +119,16 @@ TEST(ModelConfigTest, ValidationNamesTheField) {
     std::unique_ptr<Transformer> model;
     EXPECT_FALSE(Transformer::Create(c, &model).ok());
   }
+}
+
+TEST(ModelConfigTest, LargeCountsStayExact) {
+  // 1000 layers of hidden and ffn 2^22 (head dim 1024): about 2^56.8
+  // parameters, within the bound and counted exactly.
+  ModelConfig c = Tiny();
+  c.num_layers = 1000, c.hidden = c.ffn_hidden = 1 << 22, c.q_heads = c.kv_heads = 1 << 12;
+  ASSERT_TRUE(ValidateModelConfig(c).ok());
+  const int64_t C = c.hidden, per_layer = 2 * C + 2 * C * C + 2 * C * C + 3 * C * C;
+  EXPECT_EQ(ParameterCount(c), 2 * c.vocab_size * C + C + c.num_layers * per_layer);
 }
 
 TEST(ModelConfigTest, LayoutAndInitialization) {
@@ -255,88 +270,142 @@ class SingleThreaded {
   int saved_;
 };
 
-TEST(ModelPassTest, EmptyNanoBatchAndReuseMatchOracle) {
-  SingleThreaded single_threaded;
-  const ModelConfig c = Tiny();
-  const auto docs = RandomDocs({25, 14}, c.vocab_size, 4);
-  auto oracle = MakeModel(c, 5);
-  double ref_loss = 0;
-  int64_t ref_targets = 0;
-  ASSERT_TRUE(ModelLossAndGrad(oracle.get(), docs, 0.5, &ref_loss, &ref_targets).ok());
-
-  // Nano-batch 0: both documents; nano-batch 1: no rows (buffers are null).
+// The rows of `docs` back to back, each token's target the next one of its
+// document; *cu gets the documents' boundaries.
+TokenRows DocRows(const std::vector<std::vector<int32_t>>& docs, std::vector<int32_t>* cu) {
   TokenRows rows;
-  std::vector<int32_t> cu = {0};
+  *cu = {0};
   for (const auto& d : docs) {
     for (size_t i = 0; i < d.size(); ++i) {
       rows.tokens.push_back(d[i]);
       rows.positions.push_back(int64_t(i));
       rows.targets.push_back(i + 1 < d.size() ? d[i + 1] : -1);
     }
-    cu.push_back(int32_t(rows.size()));
+    cu->push_back(int32_t(rows.size()));
   }
+  return rows;
+}
+
+// One whole pass driven by hand: nano-batch 0 holds `rows` (documents at
+// `cu`), nano-batch 1 no rows (its buffers are null); attention by the CA
+// engine.
+void DrivePass(ModelPass* pass, const ModelConfig& c, const TokenRows& rows, const std::vector<int32_t>& cu,
+               double loss_scale, double* loss, int64_t* targets) {
   const int64_t N = rows.size();
   const int D = c.head_dim(), L = c.num_layers;
   const AttentionShape shape{.total_q = N, .total_k = N, .q_heads = c.q_heads, .kv_heads = c.kv_heads, .head_dim = D};
+  ASSERT_TRUE(pass->Begin({rows, TokenRows{}}, loss_scale).ok());
+  std::vector<std::vector<float>> q(L), k(L), v(L), o(L), lse(L);
+  for (int l = 0; l < L; ++l) {
+    q[l].resize(size_t(N * c.q_heads * D));
+    o[l].resize(q[l].size());
+    k[l].resize(size_t(N * c.kv_heads * D));
+    v[l].resize(k[l].size());
+    lse[l].resize(size_t(N * c.q_heads));
+    ASSERT_TRUE(pass->BeforeAttention(l, 1, nullptr, nullptr, nullptr).ok());
+    ASSERT_TRUE(pass->BeforeAttention(l, 0, q[l].data(), k[l].data(), v[l].data()).ok());
+    ASSERT_TRUE(
+        AttentionVarlenForward(shape, cu, cu, {q[l].data(), k[l].data(), v[l].data(), o[l].data(), lse[l].data()})
+            .ok());
+    ASSERT_TRUE(pass->AfterAttention(l, 1, nullptr, nullptr).ok());
+    ASSERT_TRUE(pass->AfterAttention(l, 0, o[l].data(), lse[l].data()).ok());
+  }
+  ASSERT_TRUE(pass->Loss(loss, targets).ok());
+  std::vector<float> dout(q[0].size()), dq(q[0].size()), dk(k[0].size()), dv(k[0].size());
+  for (int l = L - 1; l >= 0; --l) {
+    ASSERT_TRUE(pass->BeforeAttentionBackward(l, 0, dout.data()).ok());
+    ASSERT_TRUE(pass->BeforeAttentionBackward(l, 1, nullptr).ok());
+    AttentionBackwardArgs args{.q = q[l].data(),
+                               .k = k[l].data(),
+                               .v = v[l].data(),
+                               .dout = dout.data(),
+                               .lse = lse[l].data(),
+                               .out = o[l].data(),
+                               .dq = dq.data(),
+                               .dk = dk.data(),
+                               .dv = dv.data()};
+    ASSERT_TRUE(AttentionVarlenBackward(shape, cu, cu, args).ok());
+    ASSERT_TRUE(pass->AfterAttentionBackward(l, 0, dq.data(), dk.data(), dv.data()).ok());
+    ASSERT_TRUE(pass->AfterAttentionBackward(l, 1, nullptr, nullptr, nullptr).ok());
+  }
+  ASSERT_TRUE(pass->End().ok());
+}
+
+// Every gradient of `model` within 1e-5 of its tensor's largest in
+// `reference`, times `factor` (a few eps_fp32 of partial sums that stay
+// within a few times that largest gradient; 1e-5 of it is ~100 eps).
+void ExpectGradsNear(Transformer& model, Transformer& reference, double factor) {
+  for (const ParamTensor& p : model.tensors()) {
+    double scale = 0;
+    for (int64_t i = p.offset; i < p.offset + p.size; ++i)
+      scale = std::max(scale, std::abs(double(reference.grads()[i])));
+    for (int64_t i = p.offset; i < p.offset + p.size; ++i)
+      ASSERT_NEAR(model.grads()[i], factor * reference.grads()[i], 1e-5 * scale) << p.name << " " << i - p.offset;
+  }
+}
+
+// Two random documents (25 and 14 tokens) as rows, and the oracle's loss
+// and gradients on them (loss scale 0.5) for a model initialized with
+// `model_seed`.
+struct OracleCase {
+  std::vector<int32_t> cu;
+  TokenRows rows;
+  std::unique_ptr<Transformer> oracle;
+  double loss = 0;
+  int64_t targets = 0;
+};
+void MakeOracleCase(const ModelConfig& c, uint64_t docs_seed, uint64_t model_seed, OracleCase* k) {
+  const auto docs = RandomDocs({25, 14}, c.vocab_size, docs_seed);
+  k->oracle = MakeModel(c, model_seed);
+  ASSERT_TRUE(ModelLossAndGrad(k->oracle.get(), docs, 0.5, &k->loss, &k->targets).ok());
+  k->rows = DocRows(docs, &k->cu);
+}
+
+TEST(ModelPassTest, EmptyNanoBatchAndReuseMatchOracle) {
+  SingleThreaded single_threaded;
+  const ModelConfig c = Tiny();
+  OracleCase k;
+  ASSERT_NO_FATAL_FAILURE(MakeOracleCase(c, 4, 5, &k));
+  const double ref_loss = k.loss;
+  const int64_t ref_targets = k.targets;
+  const auto& oracle = k.oracle;
+  const auto& rows = k.rows;
+  const auto& cu = k.cu;
   auto model = MakeModel(c, 5);
   ModelPass pass(model.get(), 1);
   for (int repeat = 0; repeat < 2; ++repeat) {
-    ASSERT_TRUE(pass.Begin({rows, TokenRows{}}, 0.5).ok());
-    std::vector<std::vector<float>> q(L), k(L), v(L), o(L), lse(L);
-    for (int l = 0; l < L; ++l) {
-      q[l].resize(size_t(N * c.q_heads * D));
-      o[l].resize(q[l].size());
-      k[l].resize(size_t(N * c.kv_heads * D));
-      v[l].resize(k[l].size());
-      lse[l].resize(size_t(N * c.q_heads));
-      ASSERT_TRUE(pass.BeforeAttention(l, 1, nullptr, nullptr, nullptr).ok());
-      ASSERT_TRUE(pass.BeforeAttention(l, 0, q[l].data(), k[l].data(), v[l].data()).ok());
-      ASSERT_TRUE(
-          AttentionVarlenForward(shape, cu, cu, {q[l].data(), k[l].data(), v[l].data(), o[l].data(), lse[l].data()})
-              .ok());
-      ASSERT_TRUE(pass.AfterAttention(l, 1, nullptr, nullptr).ok());
-      ASSERT_TRUE(pass.AfterAttention(l, 0, o[l].data(), lse[l].data()).ok());
-    }
     double loss = 0;
     int64_t targets = 0;
-    ASSERT_TRUE(pass.Loss(&loss, &targets).ok());
+    DrivePass(&pass, c, rows, cu, 0.5, &loss, &targets);
     EXPECT_EQ(targets, ref_targets);
     // Same rows, same kernels, same order as the oracle: the same bits.
     EXPECT_EQ(loss, ref_loss);
-    std::vector<float> dout(q[0].size()), dq(q[0].size()), dk(k[0].size()), dv(k[0].size());
-    for (int l = L - 1; l >= 0; --l) {
-      ASSERT_TRUE(pass.BeforeAttentionBackward(l, 0, dout.data()).ok());
-      ASSERT_TRUE(pass.BeforeAttentionBackward(l, 1, nullptr).ok());
-      AttentionBackwardArgs args{.q = q[l].data(),
-                                 .k = k[l].data(),
-                                 .v = v[l].data(),
-                                 .dout = dout.data(),
-                                 .lse = lse[l].data(),
-                                 .out = o[l].data(),
-                                 .dq = dq.data(),
-                                 .dk = dk.data(),
-                                 .dv = dv.data()};
-      ASSERT_TRUE(AttentionVarlenBackward(shape, cu, cu, args).ok());
-      ASSERT_TRUE(pass.AfterAttentionBackward(l, 0, dq.data(), dk.data(), dv.data()).ok());
-      ASSERT_TRUE(pass.AfterAttentionBackward(l, 1, nullptr, nullptr, nullptr).ok());
-    }
-    ASSERT_TRUE(pass.End().ok());
     EXPECT_GT(pass.activation_bytes(), 0);
     EXPECT_GT(pass.times().linear_seconds, 0.0);
     if (repeat == 0) {
       for (int64_t i = 0; i < model->size(); ++i) ASSERT_EQ(model->grads()[i], oracle->grads()[i]) << i;
     }
   }
-  // The second pass adds onto the first: twice the oracle's gradients up to the rounding of those additions
-  // (a few eps_fp32 of the partial sums, which stay within a few times a tensor's largest gradient; 1e-5 of
-  // it is ~100 eps).
-  for (const ParamTensor& p : model->tensors()) {
-    double scale = 0;
-    for (int64_t i = p.offset; i < p.offset + p.size; ++i)
-      scale = std::max(scale, std::abs(double(oracle->grads()[i])));
-    for (int64_t i = p.offset; i < p.offset + p.size; ++i)
-      ASSERT_NEAR(model->grads()[i], 2.0 * oracle->grads()[i], 1e-5 * scale) << p.name << " " << i - p.offset;
-  }
+  // The second pass adds onto the first: twice the oracle's gradients up to
+  // the rounding of those additions.
+  ExpectGradsNear(*model, *oracle, 2.0);
+}
+
+// The LM head in chunks of 7 rows (39 rows: five full chunks and a short
+// one): the loss and every gradient as the oracle's, which runs it in one.
+TEST(ModelPassTest, ChunkedLmHeadMatchesOracle) {
+  SingleThreaded single_threaded;
+  const ModelConfig c = Tiny();
+  OracleCase k;
+  ASSERT_NO_FATAL_FAILURE(MakeOracleCase(c, 8, 6, &k));
+  auto model = MakeModel(c, 6);
+  ModelPass pass(model.get(), 1, 7 * int64_t{c.vocab_size} + 3);
+  double loss = 0;
+  int64_t targets = 0;
+  DrivePass(&pass, c, k.rows, k.cu, 0.5, &loss, &targets);
+  EXPECT_EQ(targets, k.targets);
+  EXPECT_NEAR(loss, k.loss, 1e-6 * std::abs(k.loss));
+  ExpectGradsNear(*model, *k.oracle, 1.0);
 }
 
 TEST(ModelPassTest, RejectsCallsOutOfOrderAndBadTokens) {
