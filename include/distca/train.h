@@ -107,7 +107,10 @@ Status SaveCheckpoint(const std::string& dir, const Transformer& model, const Ad
                       const TrainState& state);
 // Loads DIR's latest checkpoint (or DIR itself when it holds state.json).
 // Fails without touching model/optimizer when the files are missing, corrupt
-// or were written for a different model shape.
+// or were written for a different model shape. Beyond the model and the
+// optimizer, loading holds at most kLoadBytesPerParameter bytes per parameter
+// at once (a tensor file's bytes and its tensors), freed when it returns.
+inline constexpr int64_t kLoadBytesPerParameter = 16;
 Status LoadCheckpoint(const std::string& dir, Transformer* model, AdamW* optimizer, TrainState* state);
 
 // Safetensors (https://github.com/huggingface/safetensors): 8-byte little-

@@ -40,21 +40,34 @@ std::vector<NamedTensor> Tensors(const std::vector<ParamTensor>& layout, const f
   return out;
 }
 
-// Copies the tensors of `file` named prefix + layout names into a flat buffer.
-Status Unpack(const SafetensorsFile& file, const std::vector<ParamTensor>& layout, const std::string& prefix,
-              const std::string& path, float* dst) {
-  if (file.tensors.size() != layout.size())
-    return Status::InvalidArgument(fmt::format("{} holds {} tensors, the model has {}: written for another model", path,
-                                               file.tensors.size(), layout.size()));
-  for (const ParamTensor& t : layout) {
-    const SafetensorsFile::Entry* e = file.Find(prefix + t.name);
-    if (e == nullptr) return Status::InvalidArgument(fmt::format("{} has no tensor '{}'", path, prefix + t.name));
-    if (e->shape != t.shape)
-      return Status::InvalidArgument(fmt::format("{}: tensor '{}' has shape {}, the model needs {}", path,
-                                                 prefix + t.name, json(e->shape).dump(), json(t.shape).dump()));
-    std::memcpy(dst + t.offset, e->values.data(), sizeof(float) * size_t(t.size));
-  }
+// Checks that `file` holds exactly the tensors named prefix + a layout name,
+// for each of `prefixes`, each of the layout's shape, and that its metadata
+// names `step`.
+Status CheckTensors(const SafetensorsFile& file, const std::vector<ParamTensor>& layout,
+                    const std::vector<std::string>& prefixes, int64_t step, const std::string& path) {
+  if (file.tensors.size() != layout.size() * prefixes.size())
+    return Status::InvalidArgument(fmt::format("{} holds {} tensors, the model needs {}: written for another model",
+                                               path, file.tensors.size(), layout.size() * prefixes.size()));
+  for (const std::string& prefix : prefixes)
+    for (const ParamTensor& t : layout) {
+      const SafetensorsFile::Entry* e = file.Find(prefix + t.name);
+      if (e == nullptr) return Status::InvalidArgument(fmt::format("{} has no tensor '{}'", path, prefix + t.name));
+      if (e->shape != t.shape)
+        return Status::InvalidArgument(fmt::format("{}: tensor '{}' has shape {}, the model needs {}", path,
+                                                   prefix + t.name, json(e->shape).dump(), json(t.shape).dump()));
+    }
+  bool step_ok = false;
+  for (const auto& [k, val] : file.metadata) step_ok |= (k == "step" && val == std::to_string(step));
+  if (!step_ok) return Status::InvalidArgument(fmt::format("{}: not from step {} of state.json", path, step));
   return Status::Ok();
+}
+
+// Copies the tensors named prefix + layout names (checked by CheckTensors)
+// into a flat buffer.
+void CopyTensors(const SafetensorsFile& file, const std::vector<ParamTensor>& layout, const std::string& prefix,
+                 float* dst) {
+  for (const ParamTensor& t : layout)
+    std::memcpy(dst + t.offset, file.Find(prefix + t.name)->values.data(), sizeof(float) * size_t(t.size));
 }
 
 }  // namespace
@@ -273,43 +286,23 @@ Status LoadCheckpoint(const std::string& dir, Transformer* model, AdamW* optimiz
   if (st.step < 0 || optimizer_step < 0)
     return Status::InvalidArgument(fmt::format("{}/state.json: negative step", where));
 
-  // Read and check everything before touching the model.
-  SafetensorsFile weights, moments;
-  DISTCA_RETURN_IF_ERROR(ReadSafetensors((ckpt / "model.safetensors").string(), &weights));
-  DISTCA_RETURN_IF_ERROR(ReadSafetensors((ckpt / "optimizer.safetensors").string(), &moments));
+  // Everything is read and checked before the model or the optimizer is
+  // touched; then the tensors are copied straight into them. The moments go
+  // first, so that loading holds at most 16 bytes per parameter beyond the
+  // model and optimizer (reading a file holds it twice: its bytes and its
+  // tensors), which the memory check counts (kLoadBytesPerParameter).
   const std::vector<ParamTensor>& layout = model->tensors();
-  std::vector<float> params(size_t(model->size())), m(params.size()), v(params.size());
-  DISTCA_RETURN_IF_ERROR(Unpack(weights, layout, "", where + "/model.safetensors", params.data()));
-  // Each file's tensors go as soon as they are unpacked (moved, not copied,
-  // into the moments' halves): loading holds little beyond the staged
-  // parameters and moments.
-  weights.tensors.clear();
-  weights.tensors.shrink_to_fit();
-  SafetensorsFile m_file, v_file;
-  for (auto& [name, e] : moments.tensors) {
-    if (name.rfind("m.", 0) == 0)
-      m_file.tensors.emplace_back(name, std::move(e));
-    else if (name.rfind("v.", 0) == 0)
-      v_file.tensors.emplace_back(name, std::move(e));
-    else
-      return Status::InvalidArgument(fmt::format("{}/optimizer.safetensors: unexpected tensor '{}'", where, name));
-  }
-  moments.tensors.clear();
-  moments.tensors.shrink_to_fit();
-  DISTCA_RETURN_IF_ERROR(Unpack(m_file, layout, "m.", where + "/optimizer.safetensors", m.data()));
-  m_file = {};
-  DISTCA_RETURN_IF_ERROR(Unpack(v_file, layout, "v.", where + "/optimizer.safetensors", v.data()));
-  v_file = {};
-  for (const auto* f : {&weights, &moments}) {
-    bool step_ok = false;
-    for (const auto& [k, val] : f->metadata) step_ok |= (k == "step" && val == std::to_string(st.step));
-    if (!step_ok)
-      return Status::InvalidArgument(
-          fmt::format("{}: the tensor files are not from step {} of state.json", where, st.step));
-  }
-  std::memcpy(model->params(), params.data(), sizeof(float) * params.size());
-  optimizer->m() = std::move(m);
-  optimizer->v() = std::move(v);
+  if (optimizer->m().size() != size_t(model->size()) || optimizer->v().size() != size_t(model->size()))
+    return Status::InvalidArgument("LoadCheckpoint: the optimizer is not this model's");
+  SafetensorsFile moments, weights;
+  const std::string moments_path = where + "/optimizer.safetensors", weights_path = where + "/model.safetensors";
+  DISTCA_RETURN_IF_ERROR(ReadSafetensors((ckpt / "optimizer.safetensors").string(), &moments));
+  DISTCA_RETURN_IF_ERROR(CheckTensors(moments, layout, {"m.", "v."}, st.step, moments_path));
+  DISTCA_RETURN_IF_ERROR(ReadSafetensors((ckpt / "model.safetensors").string(), &weights));
+  DISTCA_RETURN_IF_ERROR(CheckTensors(weights, layout, {""}, st.step, weights_path));
+  CopyTensors(weights, layout, "", model->params());
+  CopyTensors(moments, layout, "m.", optimizer->m().data());
+  CopyTensors(moments, layout, "v.", optimizer->v().data());
   optimizer->set_step(optimizer_step);
   *state = st;
   return Status::Ok();

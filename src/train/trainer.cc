@@ -154,6 +154,16 @@ Status CheckOptions(const Comm& comm, const TrainOptions& o) {
   if (!(o.lr > 0) || !(o.min_lr >= 0) || o.min_lr > o.lr)
     return Status::InvalidArgument(
         fmt::format("need 0 <= --min-lr <= --lr and --lr > 0, got {} and {}", o.min_lr, o.lr));
+  if (o.warmup_steps < 0 || o.lr_decay_steps < 0)
+    return Status::InvalidArgument(fmt::format("--warmup-steps and --lr-decay-steps must be >= 0, got {} and {}",
+                                               o.warmup_steps, o.lr_decay_steps));
+  // The cosine starts where the warmup ends: a warmup past the schedule's
+  // end would raise the rate after it should have decayed, then drop it.
+  const int64_t decay_steps = o.lr_decay_steps > 0 ? o.lr_decay_steps : o.steps;
+  if (o.warmup_steps > decay_steps)
+    return Status::InvalidArgument(fmt::format(
+        "--warmup-steps {} is longer than the learning-rate schedule ({} steps: --lr-decay-steps, or --steps)",
+        o.warmup_steps, decay_steps));
   return Status::Ok();
 }
 
@@ -162,7 +172,9 @@ Status CheckOptions(const Comm& comm, const TrainOptions& o) {
 // moments (16 bytes per parameter), and the activations the backward pass
 // needs, (4h + 2h_kv + 3 ffn) floats per token and layer (the norms' and
 // projections' inputs and outputs, the MLP's gate, up and SwiGLU) plus the
-// logits (vocab floats per token); times the ranks that share this machine
+// logits (vocab floats per token), or, where a checkpoint is loaded before
+// the first step allocates them, the larger of those and what loading holds
+// (kLoadBytesPerParameter); times the ranks that share this machine
 // (Comm::machine_ranks: all of them with the local backend, the node's under
 // MPI). Containers' limits are not seen; set memory_bytes.
 Status CheckMemory(const Comm& comm, const TrainOptions& o, int64_t tokens_per_rank) {
@@ -173,6 +185,8 @@ Status CheckMemory(const Comm& comm, const TrainOptions& o, int64_t tokens_per_r
       4.0 *
       (double(m.num_layers) * (4.0 * m.hidden + 2.0 * m.kv_heads * m.head_dim() + 3.0 * m.ffn_hidden) + m.vocab_size);
   const double activations = per_token * double(tokens_per_rank);
+  const double loading = o.load_dir.empty() ? 0.0 : double(kLoadBytesPerParameter) * double(params);
+  const double transient = std::max(activations, loading);
   const int sharing = comm.machine_ranks();
   double limit = o.memory_bytes;
   const char* what = "memory_bytes";
@@ -180,12 +194,12 @@ Status CheckMemory(const Comm& comm, const TrainOptions& o, int64_t tokens_per_r
     limit = PhysicalMemoryBytes();  // 0, unknown: no check
     what = "this machine's RAM";
   }
-  if (limit > 0 && (state + activations) * sharing > limit)
+  if (limit > 0 && (state + transient) * sharing > limit)
     return Status::InvalidArgument(fmt::format(
         "model {} ({} parameters) at {} tokens per rank needs at least {:.3g} GB per rank ({:.3g} for weights, "
-        "gradients and AdamW state, {:.3g} for activations), {} rank(s) on this machine: more than {} ({:.3g} GB)",
-        m.name, params, tokens_per_rank, (state + activations) * 1e-9, state * 1e-9, activations * 1e-9, sharing, what,
-        limit * 1e-9));
+        "gradients and AdamW state, {:.3g} for {}), {} rank(s) on this machine: more than {} ({:.3g} GB)",
+        m.name, params, tokens_per_rank, (state + transient) * 1e-9, state * 1e-9, transient * 1e-9,
+        loading > activations ? "loading the checkpoint" : "activations", sharing, what, limit * 1e-9));
   return Status::Ok();
 }
 

@@ -149,6 +149,40 @@ TEST(TrainTest, CheckpointRoundTripAndCorruption) {
   for (const auto& e : std::filesystem::directory_iterator(dir)) entries += e.path().filename() != "latest";
   EXPECT_EQ(entries, 1);  // step-00000005 alone
 
+  // Moments from another step, or with a tensor too many, are refused before
+  // the weights or the moments are copied.
+  const std::string other_dir = testing::ScratchDir("ckpt-other");
+  std::filesystem::remove_all(other_dir);
+  ASSERT_TRUE(SaveCheckpoint(other_dir, *model, opt, {6, {6, 1, 2, 3}, 43}).ok());
+  const std::string moments = dir + "/step-00000005/optimizer.safetensors";
+  std::filesystem::copy_file(other_dir + "/step-00000006/optimizer.safetensors", moments,
+                             std::filesystem::copy_options::overwrite_existing);
+  std::unique_ptr<Transformer> untouched;
+  ASSERT_TRUE(Transformer::Create(c, &untouched).ok());
+  untouched->InitWeights(11);
+  const std::vector<float> initial(untouched->params(), untouched->params() + untouched->size());
+  AdamW opt5(*untouched, {});
+  s = LoadCheckpoint(dir, untouched.get(), &opt5, &st);
+  EXPECT_NE(s.message().find("optimizer.safetensors: not from step 5"), std::string::npos) << s.ToString();
+  const float extra[1] = {1};
+  std::vector<NamedTensor> tensors = {{"m.extra", {1}, extra}};
+  for (const ParamTensor& t : model->tensors()) {
+    tensors.push_back({"m." + t.name, t.shape, opt.m().data() + t.offset});
+    tensors.push_back({"v." + t.name, t.shape, opt.v().data() + t.offset});
+  }
+  ASSERT_TRUE(WriteSafetensors(moments, tensors, {{"step", "5"}}).ok());
+  s = LoadCheckpoint(dir, untouched.get(), &opt5, &st);
+  EXPECT_NE(s.message().find("tensors, the model needs"), std::string::npos) << s.ToString();
+  EXPECT_EQ(std::memcmp(initial.data(), untouched->params(), sizeof(float) * initial.size()), 0);
+  for (size_t i = 0; i < opt5.m().size(); ++i) ASSERT_TRUE(opt5.m()[i] == 0.0f && opt5.v()[i] == 0.0f) << i;
+  tensors.erase(tensors.begin());  // without the extra tensor it loads
+  ASSERT_TRUE(WriteSafetensors(moments, tensors, {{"step", "5"}}).ok());
+  s = LoadCheckpoint(dir, untouched.get(), &opt5, &st);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(opt.m(), opt5.m());
+  EXPECT_EQ(opt.v(), opt5.v());
+  std::filesystem::remove_all(other_dir);
+
   // Garbage state.json.
   std::ofstream(dir + "/step-00000005/state.json") << "{not json";
   s = LoadCheckpoint(dir, fresh.get(), &opt4, &st);
@@ -205,6 +239,20 @@ TEST(TrainTest, BadOptionsAreRejected) {
   s = RunLocal(2, [&](Comm& comm) { return Train(comm, t, nullptr); });
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("smaller than one block"), std::string::npos) << s.message();
+  // A warmup longer than the cosine schedule; one as long is accepted.
+  t = TinyTrainOptions(2);
+  t.steps = 1;
+  t.lr_decay_steps = 5;
+  t.warmup_steps = 6;
+  s = RunLocal(2, [&](Comm& comm) { return Train(comm, t, nullptr); });
+  EXPECT_NE(s.message().find("--warmup-steps 6 is longer than the learning-rate schedule (5 steps"), std::string::npos)
+      << s.message();
+  t.warmup_steps = 5;
+  s = RunLocal(2, [&](Comm& comm) { return Train(comm, t, nullptr); });
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  t.warmup_steps = -1;
+  s = RunLocal(2, [&](Comm& comm) { return Train(comm, t, nullptr); });
+  EXPECT_NE(s.message().find("must be >= 0"), std::string::npos) << s.message();
   t = TinyTrainOptions(2);
   t.servers = 2;
   s = RunLocal(2, [&](Comm& comm) { return Train(comm, t, nullptr); });
@@ -224,6 +272,26 @@ TEST(TrainTest, BadOptionsAreRejected) {
   t.steps = 1;
   s = RunLocal(2, [&](Comm& comm) { return Train(comm, t, nullptr); });
   EXPECT_TRUE(s.ok()) << s.ToString();
+  // Loading a checkpoint holds up to kLoadBytesPerParameter beyond the state
+  // before the first step's activations: the check counts the larger.
+  {
+    TrainOptions l = TinyTrainOptions(2);
+    l.tokens_per_rank = 128;
+    l.data.batches.clear();
+    l.data.spec = "synthetic:" + std::string(DISTCA_SOURCE_DIR) + "/data/doc-lengths-pretrain.json";
+    l.load_dir = testing::ScratchDir("no-such-checkpoint");
+    const double act =
+        4.0 * double(l.tokens_per_rank) *
+        (m.num_layers * (4.0 * m.hidden + 2.0 * m.kv_heads * m.head_dim() + 3.0 * m.ffn_hidden) + m.vocab_size);
+    const double loading = double(kLoadBytesPerParameter) * double(ParameterCount(m));
+    ASSERT_GT(loading, act);
+    l.memory_bytes = 2 * (state + loading) * (1 - 1e-9);
+    s = RunLocal(2, [&](Comm& comm) { return Train(comm, l, nullptr); });
+    EXPECT_NE(s.message().find("for loading the checkpoint), 2 rank(s)"), std::string::npos) << s.message();
+    l.memory_bytes = 2 * (state + loading) * (1 + 1e-9);  // passes the check, then finds no checkpoint
+    s = RunLocal(2, [&](Comm& comm) { return Train(comm, l, nullptr); });
+    EXPECT_NE(s.message().find("no such directory"), std::string::npos) << s.message();
+  }
   // The memory check sizes the largest batch of a docs file, not its first.
   t.tokens_per_rank = 0;
   t.data.batches.push_back({2048, 2048});
