@@ -47,7 +47,11 @@ struct WorkloadRecipe {
 };
 
 // Samples `count` batches from `pool` (document lengths) following `recipe`.
-// Deterministic for a given seed. OutOfRange when upsampling makes the pool
+// Deterministic for a given seed and standard library: the filter draws with
+// std::bernoulli_distribution and the pool is reshuffled with std::shuffle
+// over std::mt19937_64, whose algorithms the C++ standard leaves to the
+// library (the build uses GCC's libstdc++; WorkloadTest.SamplingIsPinned
+// fails where another library samples differently). OutOfRange when upsampling makes the pool
 // larger than kMaxSampledDocuments, when the batches together would hold
 // more documents than that, or when count exceeds kMaxSampledBatches.
 Status SampleBatches(const std::vector<int64_t>& pool, const WorkloadRecipe& recipe, int count,

@@ -110,6 +110,40 @@ TEST(IndexedDatasetTest, DocumentsConcatenateTheirSequences) {
   EXPECT_TRUE(source->ReadTokens(0, 0, 5, &span).ok());
 }
 
+// One document of ids {1, 2, bad} in dtype `code`: the good ids read back,
+// and the bad one is named with its value.
+template <typename T>
+void CheckDtype(uint8_t code, T bad, const std::string& bad_text) {
+  ScratchDir dir;
+  std::string bin;
+  for (T t : {T(1), T(2), bad}) Put(&bin, t);
+  const IdxSpec idx{.dtype = code, .lengths = {3}, .pointers = {0}, .document_index = {0, 1}};
+  ASSERT_TRUE(WriteTextFile(dir / "m.bin", bin).ok());
+  ASSERT_TRUE(WriteTextFile(dir / "m.idx", idx.Bytes()).ok());
+  std::unique_ptr<DocumentSource> source;
+  const Status s = OpenIndexedDataset(dir / "m", 200, &source);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  std::vector<int32_t> ids;
+  ASSERT_TRUE(source->ReadTokens(0, 0, 2, &ids).ok());
+  EXPECT_EQ(ids, (std::vector<int32_t>{1, 2})) << int{code};
+  ids.clear();
+  EXPECT_TRUE(Contains(source->ReadTokens(0, 0, 3, &ids),
+                       "document 0 token 2 has id " + bad_text + ", outside [0, vocab size 200)"))
+      << int{code};
+}
+
+// Every integer dtype Megatron writes: ids past the vocabulary, negative ids
+// of the signed types, and int64 ids past 2^31 (caught before narrowing).
+TEST(IndexedDatasetTest, EveryIntegerDtype) {
+  CheckDtype<uint8_t>(1, 255, "255");
+  CheckDtype<int8_t>(2, -1, "-1");
+  CheckDtype<int16_t>(3, -300, "-300");
+  CheckDtype<int32_t>(4, -7, "-7");
+  CheckDtype<int64_t>(5, (int64_t{1} << 31) + 5, "2147483653");
+  CheckDtype<int64_t>(5, -1, "-1");
+  CheckDtype<uint16_t>(8, 60000, "60000");
+}
+
 TEST(IndexedDatasetTest, RejectsCorruptedFilesWithReasons) {
   ScratchDir dir;
   std::string bin;
