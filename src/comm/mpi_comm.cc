@@ -2,7 +2,10 @@
 // checked (errors return, they do not abort); large transfers are cut into
 // messages of at most 1 GiB so counts fit MPI's int. A failing rank prints its
 // reason and calls MPI_Abort, which terminates every rank of the job: nobody
-// is left waiting on it.
+// is left waiting on it. (After an MPI error the library's state is undefined,
+// MPI 4.0 section 9.3, so a call that fails partway through posting, such as
+// an alltoallv, returns its error without waiting for or cancelling what it
+// had posted: the job ends right after.)
 #include <fmt/format.h>
 #include <mpi.h>
 
