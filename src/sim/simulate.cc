@@ -76,7 +76,10 @@ SimResult Summarize(const SimOptions& o, SimStrategy id, int cp, const std::vect
     r.iteration_per_batch.push_back(b.iteration_s);
     r.iteration_s += b.iteration_s / n;
     double idle = 0;
-    for (double busy : b.busy_s) idle += b.iteration_s > 0 ? (b.iteration_s - busy) / b.iteration_s : 0.0;
+    // A rank's busy time sums the same terms as the iteration in another
+    // order: rounding can put it a few ulps above, never idle below 0.
+    for (double busy : b.busy_s)
+      idle += b.iteration_s > 0 ? std::max(0.0, (b.iteration_s - busy) / b.iteration_s) : 0.0;
     r.idle_per_batch.push_back(idle / double(std::max<size_t>(1, b.busy_s.size())));
     r.idle_fraction += r.idle_per_batch.back() / n;
     for (double mem : b.memory_bytes) {
