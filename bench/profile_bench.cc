@@ -176,8 +176,14 @@ bool RunProfileBench(const ProfileBenchOptions& o, std::string* error) {
     const double bandwidth = double(large) / (large_s - small_s);
     p.intra_node = p.inter_node = {bandwidth, small_s};
     // The curve's backward pass, as the table measured it.
+    double backward_median = 0;
     DISTCA_RETURN_IF_ERROR(
-        MeasuredBackwardFactor(table, &p.attention_backward_factor).WithContext(table_path.string()));
+        MeasuredBackwardFactor(table, &p.attention_backward_factor, &backward_median).WithContext(table_path.string()));
+    // A median outside the profile's range is recorded as measured, next to the value used.
+    const std::string backward_text =
+        backward_median == p.attention_backward_factor
+            ? fmt::format("{:.2f}", backward_median)
+            : fmt::format("median {:.2f}, clamped to {:.2f}", backward_median, p.attention_backward_factor);
     DISTCA_RETURN_IF_ERROR(EfficiencyCurveFromTable(table.csv, p.peak_flops, m.q_heads, m.head_dim(),
                                                     p.attention_backward_factor, &p.attention_efficiency)
                                .WithContext(table_path.string()));
@@ -197,16 +203,16 @@ bool RunProfileBench(const ProfileBenchOptions& o, std::string* error) {
         "distca-train's `{}` model ({} x {} heads of {}). peak = oneDNN sgemm on one thread ({:.1f} GFLOP/s); "
         "core attention from {} (the CA engine's forward + backward seconds per task, one thread; the forward "
         "pass alone in {}), and the efficiency curve, for other head shapes, from its whole-document tasks (capped "
-        "at 1), with attention_backward_factor their median backward / forward time ({:.2f}); network = half the "
+        "at 1), with attention_backward_factor their median backward / forward time ({}); network = half the "
         "median round trip between ranks 0 and 1: {:.1f} us for 8 B, {:.2f} GB/s for {} MiB; memory = physical RAM / "
         "ranks. linear_mfu ({:.3f}) and the attention level (table scale and curve, x {:.3f}) fitted to the "
         "colocated step times of the training benchmark's {} mixes ({} tokens per rank, median of {} run(s) x {} "
         "step(s)), largest error {:.1f}%.",
         o.short_mode ? " --short" : "", o.reps != ProfileBenchOptions{}.reps ? fmt::format(" --reps {}", o.reps) : "",
         o.model != ProfileBenchOptions{}.model ? " --model " + o.model : "", comm.size(), comm.backend(), m.name,
-        m.q_heads, m.kv_heads, m.head_dim(), p.peak_flops * 1e-9, table_file, forward_table_file,
-        p.attention_backward_factor, small_s * 1e6, bandwidth * 1e-9, large >> 20, fit.linear_mfu, fit.attention_factor,
-        results.size(), tokens_per_rank, reps, base.steps - 1, fit.max_relative_error * 100);
+        m.q_heads, m.kv_heads, m.head_dim(), p.peak_flops * 1e-9, table_file, forward_table_file, backward_text,
+        small_s * 1e6, bandwidth * 1e-9, large >> 20, fit.linear_mfu, fit.attention_factor, results.size(),
+        tokens_per_rank, reps, base.steps - 1, fit.max_relative_error * 100);
     DISTCA_RETURN_IF_ERROR(WriteTextFile(o.out, HardwareProfileJson(so.hardware)));
     // What the simulator will read: the written files, loaded back.
     DISTCA_RETURN_IF_ERROR(LoadHardwareProfile(o.out, &so.hardware).WithContext("reading back"));

@@ -337,8 +337,9 @@ Status EfficiencyCurveFromTable(std::string_view csv, double peak_flops, int q_h
 // forward_csv, which must pass ValidateAttentionTable): the median over the
 // whole-document tasks (q_len == kv_len) of (table - forward) / forward,
 // clamped to [1, 100], the range a profile's attention_backward_factor
-// takes. Errors: invalid tables, or no whole-document task.
-Status MeasuredBackwardFactor(const AttentionTable& table, double* factor);
+// takes; the median itself, unclamped, in *median when given. Errors:
+// invalid tables, or no whole-document task.
+Status MeasuredBackwardFactor(const AttentionTable& table, double* factor, double* median = nullptr);
 
 // Fits options->hardware's linear_mfu and attention level so that the
 // simulator's colocated prediction of each step (ShapeFromBatches on the

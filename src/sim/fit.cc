@@ -78,7 +78,7 @@ Status EfficiencyCurveFromTable(std::string_view csv, double peak_flops, int q_h
   return Status::Ok();
 }
 
-Status MeasuredBackwardFactor(const AttentionTable& table, double* factor) {
+Status MeasuredBackwardFactor(const AttentionTable& table, double* factor, double* median_out) {
   if (factor == nullptr) return Status::InvalidArgument("factor is null");
   CostModel total;
   std::optional<CostModel> forward_table;
@@ -101,6 +101,7 @@ Status MeasuredBackwardFactor(const AttentionTable& table, double* factor) {
   const size_t n = ratios.size();
   const double median = n % 2 == 1 ? ratios[n / 2] : 0.5 * (ratios[n / 2 - 1] + ratios[n / 2]);
   *factor = std::clamp(median, 1.0, 100.0);
+  if (median_out != nullptr) *median_out = median;
   return Status::Ok();
 }
 

@@ -205,8 +205,10 @@ TEST(MeasuredBackwardFactorTest, MedianOverWholeDocumentTasks) {
   // Clamped to a profile's range: a backward faster than the forward reads 1.
   AttentionTable fast = t;
   fast.forward_csv = "q_len,kv_len,seconds\n128,128,1\n128,512,1.5\n128,1024,9\n512,512,3\n512,1024,5\n1024,1024,8\n";
-  ASSERT_TRUE(MeasuredBackwardFactor(fast, &factor).ok());
+  double median = 0;
+  ASSERT_TRUE(MeasuredBackwardFactor(fast, &factor, &median).ok());
   EXPECT_DOUBLE_EQ(factor, 1.0);
+  EXPECT_NEAR(median, 1.0 / 3.0, 1e-12);  // (4 - 3) / 3, the median of 0.5, 1/3 and 1/8: reported as measured
   AttentionTable none = t;
   none.forward_file.clear();
   none.forward_csv.clear();
