@@ -119,6 +119,7 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
   base.budget_per_exchange = true;
   base.budget_counts_local = variant.artifact_buffer;
   base.budget_grows = variant.artifact_buffer;
+  if (variant.artifact_buffer) base.tolerance_schedule = DistcaArtifactTolerances();
   base.model = {opt.model.q_heads, opt.model.kv_heads, opt.model.head_dim(), opt.hardware.dtype_bytes,
                 opt.cad_wire.value_or(variant.wire)};
   const CostModel flops = CostModel::Flops(base.model);

@@ -146,9 +146,9 @@ struct CadVariant {
   // defaults to 0).
   bool balanced_nano_batches = true;
   // DistCA's NVSHMEM buffer: it also stages the rows a rank keeps for itself
-  // (PlanOptions::budget_counts_local), and when even the colocated plan
-  // overflows it, it is enlarged to fit (budget_grows; memory counts the
-  // enlarged buffer).
+  // (PlanOptions::budget_counts_local); the artifact's tolerances are tried
+  // in order (tolerance_schedule), and when none fits, the last plan's need
+  // enlarges the buffer (budget_grows; memory counts the enlarged buffer).
   bool artifact_buffer = false;
   // The bytes each all-to-all carries per row (PlanModel::wire).
   PlanWire wire = PlanWire::kDistca;

@@ -604,8 +604,9 @@ TEST(CadTest, PaperBufferStagesOwnRowsAndGrowsWhereNothingFits) {
   // ample): one wave of two 1024 documents, one nano-batch each, every
   // document laid out over both ranks. A 1-byte buffer holds nothing, not
   // even the layout's own rows: distca fails; distca-paper, like DistCA's
-  // artifact, plans as if the buffer were as large as the colocated plan
-  // needs and allocates what its plans need (same on every rank).
+  // artifact, tries its tolerances, keeps the last one's plan (eps 1: the
+  // paper policy moves nothing there) and allocates what its plans need
+  // (same on every rank).
   SimOptions o = TestOptions();
   o.comm_budget = 1;
   o.hardware.attention_efficiency = {{1.0, 1.0}};
@@ -614,6 +615,8 @@ TEST(CadTest, PaperBufferStagesOwnRowsAndGrowsWhereNothingFits) {
   EXPECT_NE(failed.ToString().find("below what the linear layout alone moves"), std::string::npos) << failed.ToString();
   const SimResult r = SimulateOne(o, {{1024, 1024}}, SimStrategy::kDistcaPaper);
   EXPECT_EQ(r.cp, 1);
+  // The artifact's tolerances all tried, the last one's plan kept.
+  EXPECT_DOUBLE_EQ(r.tolerance_used, DistcaArtifactTolerances().back());
   std::vector<std::vector<int>> nanos;
   ASSERT_TRUE(SplitNanoBatches({1024, 1024}, 2, &nanos).ok());
   ASSERT_EQ(nanos.size(), 2u);
