@@ -129,29 +129,12 @@ struct PlanOptions {
   // directly)
   bool budget_counts_local = false;
   // When even the colocated plan (nothing moved) exceeds comm_budget, plan
-  // against what that plan needs instead of failing (DistCA's artifact then
-  // enlarges its buffer). The plan's own need is
+  // against what that plan needs instead of failing. The plan's own need is
   // stats.traffic.max_exchange_bytes(budget_counts_local) (or max_rank_bytes).
   // Default: false
   bool budget_grows = false;
-  // With comm_budget: the tolerances to try, in order, instead of steps of
-  // 0.05 (those above `tolerance`; strictly increasing, finite, >= 0). The
-  // first whose plan fits is kept; when none does, the last one's plan with
-  // budget_grows (its need becomes the buffer: DistCA's artifact enlarges its
-  // buffer and keeps that plan), else an error. Where even the colocated plan
-  // overflows the budget, nothing else happens first: the schedule runs to
-  // its end. DistcaArtifactTolerances() is the artifact's. Default: empty
-  std::vector<double> tolerance_schedule;
   PlanModel model;
 };
-
-// The tolerances DistCA's artifact tries, in order, when a plan overflows its
-// buffer: 0.05-0.09 by 0.01, then 0.1-1.0 by 0.1 (test_e2e_combined.py).
-inline const std::vector<double>& DistcaArtifactTolerances() {
-  static const std::vector<double> kTolerances = {0.05, 0.06, 0.07, 0.08, 0.09, 0.1, 0.2, 0.3,
-                                                  0.4,  0.5,  0.6,  0.7,  0.8,  0.9, 1.0};
-  return kTolerances;
-}
 
 struct PlanPiece {
   int rank = 0;

@@ -1,11 +1,13 @@
 #include "common/file_util.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 
@@ -17,6 +19,17 @@ Status ReadTextFile(const std::string& path, std::string* contents) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return Status::IoError("cannot open '" + path + "': " + std::strerror(errno));
   std::string out;
+  // A regular file's size, reserved up front: the string holds the file once,
+  // not up to twice as it grows (the size is a hint; the loop reads to EOF).
+  struct stat st {};
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) {
+    try {
+      out.reserve(static_cast<size_t>(st.st_size));
+    } catch (const std::exception&) {
+      ::close(fd);
+      return Status::IoError("cannot hold '" + path + "' in memory: " + std::to_string(st.st_size) + " bytes");
+    }
+  }
   char buf[1 << 16];
   while (true) {
     const ssize_t n = ::read(fd, buf, sizeof buf);

@@ -79,12 +79,6 @@ Status ValidateOptions(const PlanOptions& o) {
   if (o.comm_budget < 0) return Status::InvalidArgument(fmt::format("comm budget must be >= 0, got {}", o.comm_budget));
   if (o.budget_counts_local && !o.budget_per_exchange)
     return Status::InvalidArgument("budget_counts_local bounds single exchanges: it needs budget_per_exchange");
-  for (size_t i = 0; i < o.tolerance_schedule.size(); ++i) {
-    const double e = o.tolerance_schedule[i];
-    if (!(e >= 0) || !std::isfinite(e) || (i > 0 && !(e > o.tolerance_schedule[i - 1])))
-      return Status::InvalidArgument(fmt::format(
-          "tolerance schedule entry {} is {}: the schedule must be finite, >= 0 and strictly increasing", i, e));
-  }
   return Status::Ok();
 }
 
@@ -153,21 +147,6 @@ Status PlanLayout(const PlanOptions& o, const CostModel& cost, Plan p, Plan* pla
   };
   double eps = o.tolerance;
   DISTCA_RETURN_IF_ERROR(PlanOnce(o, cost, eps, &p));
-  if (o.comm_budget > 0 && busiest(p) > o.comm_budget && !o.tolerance_schedule.empty()) {
-    // The given tolerances in order, as DistCA's artifact tries them.
-    for (double e : o.tolerance_schedule) {
-      if (e <= o.tolerance) continue;
-      DISTCA_RETURN_IF_ERROR(PlanOnce(o, cost, e, &p));
-      if (busiest(p) <= o.comm_budget) break;
-    }
-    if (busiest(p) > o.comm_budget && !o.budget_grows)
-      return Status::InvalidArgument(
-          fmt::format("comm budget {} bytes: no tolerance of the schedule (up to {}) fits; at eps {} the busiest "
-                      "rank moves {} bytes",
-                      o.comm_budget, o.tolerance_schedule.back(), p.tolerance_used, busiest(p)));
-    *plan = std::move(p);
-    return Status::Ok();
-  }
   if (o.comm_budget > 0 && busiest(p) > o.comm_budget) {
     // Raise eps until the busiest rank's traffic fits. Once eps covers the
     // colocated plan's own imbalance on both sides, no policy moves anything

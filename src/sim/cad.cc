@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <numeric>
 
 #include "sim/strategy.h"
@@ -69,8 +70,13 @@ double CadMemoryBytes(const SimContext& ctx, int c) {
   return std::max(first, DeviceMemoryBytes(ctx.costs, mem));
 }
 
+double DistcaArtifactEnlargedBuffer(double need_bytes) {
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  return (std::ceil(need_bytes / kGiB) + 0.5) * kGiB;
+}
+
 Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int c_min, const CadVariant& variant,
-                   BatchOutcome* out) {
+                   BatchOutcome* out, BatchCarry* carry) {
   const SimOptions& opt = ctx.options;
   const RankCosts& k = ctx.costs;
   const bool colocated = variant.policy == PlanPolicy::kColocated;
@@ -118,8 +124,6 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
   base.comm_budget = colocated ? 0 : budget >= 9e18 ? int64_t{9'000'000'000'000'000'000} : int64_t(budget);
   base.budget_per_exchange = true;
   base.budget_counts_local = variant.artifact_buffer;
-  base.budget_grows = variant.artifact_buffer;
-  if (variant.artifact_buffer) base.tolerance_schedule = DistcaArtifactTolerances();
   base.model = {opt.model.q_heads, opt.model.kv_heads, opt.model.head_dim(), opt.hardware.dtype_bytes,
                 opt.cad_wire.value_or(variant.wire)};
   const CostModel flops = CostModel::Flops(base.model);
@@ -127,9 +131,16 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
   BatchOutcome o;
   o.busy_s.assign(total_ranks, 0.0);
   std::vector<double> held_max(total_ranks, 0.0), buffer_max(total_ranks, 0.0);
-  // The largest exchange any plan needs the buffer to hold (DistCA's: own
-  // rows included); beyond the budget only where the budget grew.
+  // The largest exchange any plan needs the buffer to hold; with DistCA's
+  // loop, the buffer as allocated (own rows included), enlarged where no
+  // tolerance fitted, in this batch or (carry) one before it.
   double buffer_need = 0;
+  const bool artifact_loop = variant.artifact_buffer && base.comm_budget > 0;
+  int64_t artifact_buffer = artifact_loop ? std::max(base.comm_budget, carry != nullptr ? carry->buffer : 0) : 0;
+  // Its tolerances: the requested one, then the artifact's above it.
+  std::vector<double> artifact_tolerances = {opt.tolerance};
+  for (double e : kDistcaArtifactTolerances)
+    if (e > opt.tolerance) artifact_tolerances.push_back(e);
 
   for (int tick = 0; tick < m + P - 1; ++tick) {
     std::vector<int> active, idle;
@@ -181,13 +192,40 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
     po.ranks = plan_ranks;
     po.dedicated_servers = static_cast<int>(phys.size()) - plan_ranks;
     const bool inter = int64_t{opt.tp} * int64_t(phys.size()) > opt.hardware.gpus_per_node;
+    std::vector<Plan> plans(parts.size());
+    auto plan_all = [&](const PlanOptions& q) {
+      for (size_t n = 0; n < parts.size(); ++n) {
+        std::vector<PlanDocument> layout;
+        DISTCA_RETURN_IF_ERROR(StageLayout(parts[n], G, &layout));
+        DISTCA_RETURN_IF_ERROR(BuildPlanForLayout(std::move(layout), q, flops, &plans[n])
+                                   .WithContext(fmt::format("tick {}, nano-batch {}", tick, n)));
+      }
+      return Status::Ok();
+    };
+    if (!artifact_loop) {
+      DISTCA_RETURN_IF_ERROR(plan_all(po));
+    } else {
+      // DistCA's artifact: every nano-batch of the tick at one tolerance,
+      // in its order, until all of them fit the buffer; when none does, the
+      // last plans, in a buffer enlarged to their need.
+      PlanOptions q = po;
+      q.comm_budget = 0;  // the loop checks the buffer
+      int64_t need = 0;
+      for (double eps : artifact_tolerances) {
+        q.tolerance = eps;
+        DISTCA_RETURN_IF_ERROR(plan_all(q));
+        need = 0;
+        for (const Plan& p : plans) need = std::max(need, p.stats.traffic.max_exchange_bytes(true));
+        if (need <= artifact_buffer) break;
+      }
+      if (need > artifact_buffer)
+        artifact_buffer =
+            std::max(artifact_buffer, int64_t(DistcaArtifactEnlargedBuffer(double(need) / opt.tp) * opt.tp));
+      buffer_need = std::max(buffer_need, double(artifact_buffer));
+    }
     std::vector<NanoCost> costs;
     for (size_t n = 0; n < parts.size(); ++n) {
-      std::vector<PlanDocument> layout;
-      DISTCA_RETURN_IF_ERROR(StageLayout(parts[n], G, &layout));
-      Plan plan;
-      DISTCA_RETURN_IF_ERROR(BuildPlanForLayout(std::move(layout), po, flops, &plan)
-                                 .WithContext(fmt::format("tick {}, nano-batch {}", tick, n)));
+      const Plan& plan = plans[n];
       NanoCost c;
       c.tokens.assign(total_ranks, 0.0);
       c.attention.assign(total_ranks, 0.0);
@@ -212,7 +250,7 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
           c.exchange_received[e][phys[sv]] = double(tr.exchange_received[e][sv]);
         }
       }
-      buffer_need = std::max(buffer_need, double(tr.max_exchange_bytes(base.budget_counts_local)));
+      if (!artifact_loop) buffer_need = std::max(buffer_need, double(tr.max_exchange_bytes(base.budget_counts_local)));
       costs.push_back(std::move(c));
       o.tolerance_sum += plan.tolerance_used;
       ++o.plans;
@@ -378,6 +416,7 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
       o.max_buffer_bytes = std::max(o.max_buffer_bytes, buffer_max[r] / opt.tp);
     }
   }
+  if (carry != nullptr && artifact_loop) carry->buffer = artifact_buffer;
   // Every token crosses each of the P - 1 stage boundaries once forward
   // (activations) and once backward (their gradients).
   o.bytes_moved += 2.0 * (P - 1) * double(Sum(batch)) * k.HiddenBytesPerToken();

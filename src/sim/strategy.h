@@ -2,6 +2,7 @@
 // per-batch outcome, and the strategy functions (one file each).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -82,14 +83,28 @@ struct BatchOutcome {
 // for it. Internal error when busy_s is not pp stages of at least G ranks.
 Status AddGradSync(const SimContext& ctx, BatchOutcome* out);
 
+// What a strategy carries from one batch to the next when batches run in
+// order: DistCA's buffer, once its artifact enlarges it, stays enlarged for
+// the rest of the run.
+struct BatchCarry {
+  int64_t buffer = 0;  // per rank and exchange (the planner's units); 0: as configured
+};
+
 // Strategies. `cp` is the baselines' CP degree c, CAD's c_min (each rank
 // holds CadRankTokens(cp) tokens per wave; with micro_batches set, cp is 1
-// and unused), 1 for colocated. REQUIRES: ctx.MicroBatchesPerReplica(cp) > 0.
-Status SimulateWlbIdeal(const SimContext& ctx, const std::vector<int64_t>& batch, int cp, BatchOutcome* out);
-Status SimulateMegatron(const SimContext& ctx, const std::vector<int64_t>& batch, int cp, BatchOutcome* out);
-Status SimulateDistcaPaper(const SimContext& ctx, const std::vector<int64_t>& batch, int cp, BatchOutcome* out);
-Status SimulateDistca(const SimContext& ctx, const std::vector<int64_t>& batch, int cp, BatchOutcome* out);
-Status SimulateColocated(const SimContext& ctx, const std::vector<int64_t>& batch, int cp, BatchOutcome* out);
+// and unused), 1 for colocated. `carry` (may be null: each batch on its
+// own) is read and updated by distca-paper only. REQUIRES:
+// ctx.MicroBatchesPerReplica(cp) > 0.
+Status SimulateWlbIdeal(const SimContext& ctx, const std::vector<int64_t>& batch, int cp, BatchOutcome* out,
+                        BatchCarry* carry = nullptr);
+Status SimulateMegatron(const SimContext& ctx, const std::vector<int64_t>& batch, int cp, BatchOutcome* out,
+                        BatchCarry* carry = nullptr);
+Status SimulateDistcaPaper(const SimContext& ctx, const std::vector<int64_t>& batch, int cp, BatchOutcome* out,
+                           BatchCarry* carry = nullptr);
+Status SimulateDistca(const SimContext& ctx, const std::vector<int64_t>& batch, int cp, BatchOutcome* out,
+                      BatchCarry* carry = nullptr);
+Status SimulateColocated(const SimContext& ctx, const std::vector<int64_t>& batch, int cp, BatchOutcome* out,
+                         BatchCarry* carry = nullptr);
 
 // --- shared by the context-parallel baselines (baseline.cc) ---
 
@@ -145,10 +160,15 @@ struct CadVariant {
   // DistCA's artifact splits ping and pong (EXPERIMENT_D2_BALANCE_PING_PONG
   // defaults to 0).
   bool balanced_nano_batches = true;
-  // DistCA's NVSHMEM buffer: it also stages the rows a rank keeps for itself
-  // (PlanOptions::budget_counts_local); the artifact's tolerances are tried
-  // in order (tolerance_schedule), and when none fits, the last plan's need
-  // enlarges the buffer (budget_grows; memory counts the enlarged buffer).
+  // DistCA's NVSHMEM buffer and its artifact's loop over it: the buffer also
+  // stages the rows a rank keeps for itself (PlanOptions::
+  // budget_counts_local); each tick's nano-batches are planned together at
+  // the artifact's tolerances in order (kDistcaArtifactTolerances) until all
+  // fit; when none does, the last plans are kept and the buffer is enlarged
+  // to their need, rounded up to whole GiB plus 0.5 GiB per device, for the
+  // rest of the batch and, through BatchCarry, the batches after it (memory
+  // counts the largest). Otherwise the planner raises eps in steps of 0.05
+  // (PlanOptions::comm_budget) and a plan that cannot fit is an error.
   bool artifact_buffer = false;
   // The bytes each all-to-all carries per row (PlanModel::wire).
   PlanWire wire = PlanWire::kDistca;
@@ -156,7 +176,15 @@ struct CadVariant {
 // Waves of G / c_min chunks, L / c_min tokens per rank (with micro_batches
 // = m: m waves, B L / (m G) tokens per rank).
 Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int c_min, const CadVariant& variant,
-                   BatchOutcome* out);
+                   BatchOutcome* out, BatchCarry* carry = nullptr);
+// The tolerances DistCA's artifact tries, in order, until a tick's plans fit
+// its buffer (tests/test_e2e_combined.py): 0.05-0.09 by 0.01, then 0.1-1.0
+// by 0.1.
+inline constexpr std::array<double, 15> kDistcaArtifactTolerances = {0.05, 0.06, 0.07, 0.08, 0.09, 0.1, 0.2, 0.3,
+                                                                     0.4,  0.5,  0.6,  0.7,  0.8,  0.9, 1.0};
+// The buffer the artifact allocates when no tolerance fits, per device:
+// the plans' need rounded up to whole GiB, plus 0.5 GiB.
+double DistcaArtifactEnlargedBuffer(double need_bytes);
 
 // --- packing (packing.cc) ---
 

@@ -8,7 +8,8 @@
 
 namespace distca::sim {
 
-Status SimulateColocated(const SimContext& ctx, const std::vector<int64_t>& batch, int cp, BatchOutcome* out) {
+Status SimulateColocated(const SimContext& ctx, const std::vector<int64_t>& batch, int cp, BatchOutcome* out,
+                         BatchCarry* /*carry*/) {
   CadVariant v;
   v.policy = PlanPolicy::kColocated;
   return SimulateCad(ctx, batch, cp, v, out);

@@ -6,7 +6,8 @@
 
 namespace distca::sim {
 
-Status SimulateDistca(const SimContext& ctx, const std::vector<int64_t>& batch, int cp, BatchOutcome* out) {
+Status SimulateDistca(const SimContext& ctx, const std::vector<int64_t>& batch, int cp, BatchOutcome* out,
+                      BatchCarry* /*carry*/) {
   CadVariant v;
   v.policy = PlanPolicy::kDistca;
   v.dummy_bubble_work = false;

@@ -7,14 +7,15 @@
 
 namespace distca::sim {
 
-Status SimulateDistcaPaper(const SimContext& ctx, const std::vector<int64_t>& batch, int cp, BatchOutcome* out) {
+Status SimulateDistcaPaper(const SimContext& ctx, const std::vector<int64_t>& batch, int cp, BatchOutcome* out,
+                           BatchCarry* carry) {
   CadVariant v;
   v.policy = PlanPolicy::kPaper;
   v.dummy_bubble_work = true;
   v.artifact_buffer = true;
   v.wire = PlanWire::kDistcaArtifact;
   v.balanced_nano_batches = false;
-  return SimulateCad(ctx, batch, cp, v, out);
+  return SimulateCad(ctx, batch, cp, v, out, carry);
 }
 
 }  // namespace distca::sim

@@ -9,7 +9,8 @@
 
 namespace distca::sim {
 
-Status SimulateMegatron(const SimContext& ctx, const std::vector<int64_t>& batch, int cp, BatchOutcome* out) {
+Status SimulateMegatron(const SimContext& ctx, const std::vector<int64_t>& batch, int cp, BatchOutcome* out,
+                        BatchCarry* /*carry*/) {
   const std::vector<std::vector<int64_t>> chunks = CutIntoChunks(batch, ctx.options.max_doc_len);
   const int replicas = ctx.stage_ranks / cp;
   std::vector<std::vector<int>> assignment(replicas);

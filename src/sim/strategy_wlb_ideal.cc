@@ -24,7 +24,8 @@
 
 namespace distca::sim {
 
-Status SimulateWlbIdeal(const SimContext& ctx, const std::vector<int64_t>& batch, int cp, BatchOutcome* out) {
+Status SimulateWlbIdeal(const SimContext& ctx, const std::vector<int64_t>& batch, int cp, BatchOutcome* out,
+                        BatchCarry* /*carry*/) {
   const SimOptions& o = ctx.options;
   const int64_t L = o.max_doc_len;
   const int replicas = ctx.stage_ranks / cp;

@@ -376,7 +376,7 @@ TEST(ModelPassTest, EmptyNanoBatchAndReuseMatchOracle) {
   for (int repeat = 0; repeat < 2; ++repeat) {
     double loss = 0;
     int64_t targets = 0;
-    DrivePass(&pass, c, rows, cu, 0.5, &loss, &targets);
+    ASSERT_NO_FATAL_FAILURE(DrivePass(&pass, c, rows, cu, 0.5, &loss, &targets));
     EXPECT_EQ(targets, ref_targets);
     // Same rows, same kernels, same order as the oracle: the same bits.
     EXPECT_EQ(loss, ref_loss);
@@ -402,7 +402,7 @@ TEST(ModelPassTest, ChunkedLmHeadMatchesOracle) {
   ModelPass pass(model.get(), 1, 7 * int64_t{c.vocab_size} + 3);
   double loss = 0;
   int64_t targets = 0;
-  DrivePass(&pass, c, k.rows, k.cu, 0.5, &loss, &targets);
+  ASSERT_NO_FATAL_FAILURE(DrivePass(&pass, c, k.rows, k.cu, 0.5, &loss, &targets));
   EXPECT_EQ(targets, k.targets);
   EXPECT_NEAR(loss, k.loss, 1e-6 * std::abs(k.loss));
   ExpectGradsNear(*model, *k.oracle, 1.0);

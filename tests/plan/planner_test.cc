@@ -594,58 +594,6 @@ TEST(PlannerTest, BudgetGrowsKeepsTheToleranceWhereItsPlanFits) {
 // the step a step-by-step search finds: the first whose busiest rank fits.
 // Budgets from the tightest to the loosest, with 4 ranks alone and with 60
 // idle servers (a pipeline bubble: eps in the tens).
-// A tolerance schedule: its entries in order, the first plan that fits
-// kept; none fitting, the last plan with budget_grows, else an error.
-TEST(PlannerTest, ToleranceScheduleKeepsTheFirstThatFits) {
-  PlanOptions o;
-  o.ranks = 8;
-  o.policy = PlanPolicy::kPaper;
-  o.budget_per_exchange = true;
-  o.budget_counts_local = true;
-  const CostModel cost = CostModel::Flops(o.model);
-  const std::vector<double>& schedule = DistcaArtifactTolerances();
-  // Each entry's plan alone: its largest exchange, own rows included.
-  std::vector<int64_t> need;
-  for (double e : schedule) {
-    PlanOptions one = o;
-    one.tolerance = e;
-    Plan q;
-    ASSERT_TRUE(BuildPlan(Skewed(), one, cost, &q).ok());
-    need.push_back(q.stats.traffic.max_exchange_bytes(true));
-  }
-  // A budget that the plan at 0.05 exceeds and a later entry's plan meets:
-  // the first such entry is kept.
-  size_t first = 1;
-  while (first < need.size() && need[first] >= need[0]) ++first;
-  ASSERT_LT(first, need.size()) << "no entry moves less than eps 0.05 on this batch";
-  o.tolerance_schedule = schedule;
-  o.comm_budget = need[first];
-  Plan p;
-  ASSERT_TRUE(BuildPlan(Skewed(), o, cost, &p).ok());
-  size_t kept = 1;
-  while (need[kept] > o.comm_budget) ++kept;
-  EXPECT_DOUBLE_EQ(p.tolerance_used, schedule[kept]);
-  EXPECT_LE(p.stats.traffic.max_exchange_bytes(true), o.comm_budget);
-  EXPECT_TRUE(ValidatePlan(p, cost).ok());
-  // Below every entry's need: an error, or the last entry's plan.
-  const int64_t least = *std::min_element(need.begin(), need.end());
-  o.comm_budget = least - 1;
-  EXPECT_TRUE(Contains(BuildPlan(Skewed(), o, cost, &p), "no tolerance of the schedule (up to 1) fits"));
-  o.budget_grows = true;
-  ASSERT_TRUE(BuildPlan(Skewed(), o, cost, &p).ok());
-  EXPECT_DOUBLE_EQ(p.tolerance_used, 1.0);
-  EXPECT_EQ(p.stats.traffic.max_exchange_bytes(true), need.back());
-  // Entries at or below the requested tolerance are skipped; a schedule
-  // must increase.
-  o.tolerance = 0.5;
-  ASSERT_TRUE(BuildPlan(Skewed(), o, cost, &p).ok());
-  EXPECT_GE(p.tolerance_used, 0.5);
-  o.tolerance_schedule = {0.1, 0.1};
-  EXPECT_TRUE(Contains(BuildPlan(Skewed(), o, cost, &p), "strictly increasing"));
-  o.tolerance_schedule = {0.1, std::numeric_limits<double>::infinity()};
-  EXPECT_TRUE(Contains(BuildPlan(Skewed(), o, cost, &p), "tolerance schedule entry 1 is inf"));
-}
-
 TEST(PlannerTest, CommBudgetSearchFindsTheFirstStepThatFits) {
   int most_steps = 0;
   for (PlanPolicy policy : {PlanPolicy::kPaper, PlanPolicy::kDistca}) {

@@ -604,9 +604,9 @@ TEST(CadTest, PaperBufferStagesOwnRowsAndGrowsWhereNothingFits) {
   // ample): one wave of two 1024 documents, one nano-batch each, every
   // document laid out over both ranks. A 1-byte buffer holds nothing, not
   // even the layout's own rows: distca fails; distca-paper, like DistCA's
-  // artifact, tries its tolerances, keeps the last one's plan (eps 1: the
-  // paper policy moves nothing there) and allocates what its plans need
-  // (same on every rank).
+  // artifact, tries its tolerances, keeps the last one's plans (eps 1: the
+  // paper policy moves nothing there) and enlarges the buffer to their need
+  // rounded up to whole GiB plus 0.5 GiB per device, on every rank.
   SimOptions o = TestOptions();
   o.comm_budget = 1;
   o.hardware.attention_efficiency = {{1.0, 1.0}};
@@ -615,8 +615,7 @@ TEST(CadTest, PaperBufferStagesOwnRowsAndGrowsWhereNothingFits) {
   EXPECT_NE(failed.ToString().find("below what the linear layout alone moves"), std::string::npos) << failed.ToString();
   const SimResult r = SimulateOne(o, {{1024, 1024}}, SimStrategy::kDistcaPaper);
   EXPECT_EQ(r.cp, 1);
-  // The artifact's tolerances all tried, the last one's plan kept.
-  EXPECT_DOUBLE_EQ(r.tolerance_used, DistcaArtifactTolerances().back());
+  EXPECT_DOUBLE_EQ(r.tolerance_used, sim::kDistcaArtifactTolerances.back());
   std::vector<std::vector<int>> nanos;
   ASSERT_TRUE(SplitNanoBatches({1024, 1024}, 2, &nanos).ok());
   ASSERT_EQ(nanos.size(), 2u);
@@ -624,15 +623,30 @@ TEST(CadTest, PaperBufferStagesOwnRowsAndGrowsWhereNothingFits) {
   po.ranks = 2;
   po.policy = PlanPolicy::kPaper;
   po.model = {4, 2, 16, 2, PlanWire::kDistcaArtifact};
-  po.comm_budget = 2;  // 1 byte x tp 2
-  po.budget_per_exchange = po.budget_counts_local = po.budget_grows = true;
+  po.tolerance = 1.0;
+  po.budget_per_exchange = po.budget_counts_local = true;
   Plan plan;  // both nano-batches are this one document
   ASSERT_TRUE(BuildPlan({1024}, po, CostModel::Flops(po.model), &plan).ok());
   const int64_t need = plan.stats.traffic.max_exchange_bytes(true);
   ASSERT_GT(need, 2);
+  const double buffer = sim::DistcaArtifactEnlargedBuffer(double(need) / 2) * 2;  // tp 2
+  EXPECT_DOUBLE_EQ(buffer, 1.5 * 1024 * 1024 * 1024 * 2);                         // need is a few KB
   const double params = double(ParameterCount(o.model));
-  const double want = (params * 6 + params * 12 / 2 + 1024.0 * 2 * 1664 + 1024.0 * 1536 + double(need)) / 2;
+  const double want = (params * 6 + params * 12 / 2 + 1024.0 * 2 * 1664 + 1024.0 * 1536 + buffer) / 2;
   EXPECT_NEAR(r.memory_max_bytes, want, want * kRel);
+
+  // The enlarged buffer stays for the batches after: the second of two
+  // such batches fits at the first tolerance (1.5 GiB holds its few KB).
+  const SimResult two = SimulateOne(o, {{1024, 1024}, {1024, 1024}}, SimStrategy::kDistcaPaper);
+  EXPECT_NEAR(two.tolerance_used, (1.0 + 0.05) / 2, 1e-12);
+  EXPECT_NEAR(two.memory_max_bytes, want, want * kRel);
+}
+
+TEST(CadTest, ArtifactBufferRoundsUpToWholeGiBPlusAHalf) {
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  EXPECT_DOUBLE_EQ(sim::DistcaArtifactEnlargedBuffer(1), 1.5 * kGiB);
+  EXPECT_DOUBLE_EQ(sim::DistcaArtifactEnlargedBuffer(kGiB), 1.5 * kGiB);
+  EXPECT_DOUBLE_EQ(sim::DistcaArtifactEnlargedBuffer(kGiB + 1), 2.5 * kGiB);
 }
 
 TEST(CadTest, NominalMemoryTakesTheLargerOfTheFirstAndLastStage) {
