@@ -177,6 +177,15 @@ def main():
                   f"({sum(1 for v in speed if v > 1)} of {len(speed)} faster); distca against its own format "
                   f"{span(own)}x")
 
+    print("\n## 3D in DistCA's format without the resend of Q/K/V (--wire distca-artifact-no-resend)\n")
+    rows, _ = sim.grid("3d", os.path.join(out, "3d-no-resend"), "--wire", "distca-artifact-no-resend",
+                       "--strategies", "wlb-ideal,distca-paper")
+    for name, s in configs(rows).items():
+        p, base = s["distca-paper"], grids["3d"][name]["distca-paper"]
+        fits = "" if p["memory_fits"] == "1" else ", does not fit"
+        print(f"- {name}: distca-paper {float(base['speedup']):.3f}x -> {float(p['speedup']):.3f}x, memory "
+              f"{float(base['memory_max_gb']):.1f} -> {float(p['memory_max_gb']):.1f} GB{fits}")
+
     print("\n## 3D with the artifact's large-scale buffer sizes (4 / 8 / 16 GiB by L on 8-16 nodes, 16 on 32)\n")
     picked = grid_with_artifact_buffers(sim, out, "3d-buffer")
     for name, s in grids["3d"].items():

@@ -340,8 +340,9 @@ int Run(int argc, char** argv) {
       ->check(nonneg);
   app.add_flag("--no-ping-pong", a.no_ping_pong, "CAD without nano-batch overlap");
   app.add_option("--wire", a.wire,
-                 "bytes per row of CAD's all-to-alls, for every strategy that plans: distca (this runtime's) or "
-                 "distca-artifact (DistCA's); default: distca-paper DistCA's, the others this runtime's");
+                 "bytes per row of CAD's all-to-alls, for every strategy that plans: distca (this runtime's), "
+                 "distca-artifact (DistCA's) or distca-artifact-no-resend (DistCA's without resending Q/K/V in the "
+                 "backward, pp 1 only); default: distca-paper DistCA's, the others this runtime's");
   app.add_flag("--no-distributed-optimizer", a.no_distributed_optimizer,
                "replicate the fp32 master weights and Adam moments on every data-parallel rank (default: sharded, "
                "Megatron-LM's distributed optimizer)");

@@ -35,7 +35,12 @@ namespace distca {
 //                    throughout): the backward dispatch sends Q, O, dO and
 //                    LSE, dK/dV return in the model's dtype. The simulator
 //                    costs distca-paper with it; the runtime sends kDistca.
-enum class PlanWire { kDistca, kDistcaArtifact };
+//   kDistcaArtifactNoResend  the published DistCA without the resend (its
+//                    earlier sweeps' default): the forward returns O
+//                    without LSE, the backward dispatch sends dO alone (the
+//                    server keeps Q, K/V, O and LSE from the forward pass),
+//                    dQ and dK/dV return in the model's dtype.
+enum class PlanWire { kDistca, kDistcaArtifact, kDistcaArtifactNoResend };
 const char* PlanWireName(PlanWire wire);
 Status ParsePlanWire(std::string_view name, PlanWire* wire);
 

@@ -182,7 +182,8 @@ struct SimOptions {
   // The bytes per row CAD's all-to-alls carry, for every strategy that
   // plans (PlanModel::wire); unset: each its own, distca-paper DistCA's
   // (kDistcaArtifact), distca and colocated this runtime's (kDistca).
-  // Default: unset
+  // kDistcaArtifactNoResend (pp 1 only) also counts in memory what the
+  // servers keep for the backward. Default: unset
   std::optional<PlanWire> cad_wire;
   // Megatron-LM's distributed optimizer: the fp32 master weights and Adam's
   // moments (12 bytes a parameter) sharded over the stage's G ranks (DP x

@@ -14,8 +14,10 @@ namespace distca {
 namespace {
 constexpr std::pair<PlanPolicy, const char*> kPolicies[] = {
     {PlanPolicy::kColocated, "colocated"}, {PlanPolicy::kPaper, "paper"}, {PlanPolicy::kDistca, "distca"}};
-constexpr std::pair<PlanWire, const char*> kWires[] = {{PlanWire::kDistca, "distca"},
-                                                       {PlanWire::kDistcaArtifact, "distca-artifact"}};
+constexpr std::pair<PlanWire, const char*> kWires[] = {
+    {PlanWire::kDistca, "distca"},
+    {PlanWire::kDistcaArtifact, "distca-artifact"},
+    {PlanWire::kDistcaArtifactNoResend, "distca-artifact-no-resend"}};
 }  // namespace
 
 const char* PlanPolicyName(PlanPolicy policy) { return EnumName(kPolicies, policy); }

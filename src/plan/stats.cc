@@ -14,12 +14,21 @@ ByteRates ByteRatesFor(const PlanModel& m) {
   const int64_t row = int64_t{m.q_heads} * m.head_dim * m.dtype_bytes;      // Q, O, dO or dQ
   const int64_t kv = 2 * int64_t{m.kv_heads} * m.head_dim * m.dtype_bytes;  // K and V
   const int64_t stat = int64_t{m.q_heads} * 4;                              // LSE or delta, fp32
-  const bool ours = m.wire == PlanWire::kDistca;
   ByteRates r;
-  // Forward dispatch Q, K/V; return O, LSE. Backward dispatch Q, dO, LSE,
-  // delta (artifact: Q, O, dO, LSE), K/V; return dQ, dK/dV (ours in fp32).
-  r.q = {row, row + stat, ours ? 2 * (row + stat) : 3 * row + stat, row};
-  r.kv = {kv, 0, kv, ours ? 2 * int64_t{m.kv_heads} * m.head_dim * 4 : kv};
+  switch (m.wire) {
+    case PlanWire::kDistca:  // forward Q, K/V; O, LSE. Backward Q, dO, LSE, delta, K/V; dQ, fp32 dK/dV
+      r.q = {row, row + stat, 2 * (row + stat), row};
+      r.kv = {kv, 0, kv, 2 * int64_t{m.kv_heads} * m.head_dim * 4};
+      break;
+    case PlanWire::kDistcaArtifact:  // forward Q, K/V; O, LSE. Backward Q, O, dO, LSE, K/V; dQ, dK/dV
+      r.q = {row, row + stat, 3 * row + stat, row};
+      r.kv = {kv, 0, kv, kv};
+      break;
+    case PlanWire::kDistcaArtifactNoResend:  // forward Q, K/V; O. Backward dO; dQ, dK/dV
+      r.q = {row, row, row, row};
+      r.kv = {kv, 0, 0, kv};
+      break;
+  }
   return r;
 }
 

@@ -130,7 +130,10 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
 
   BatchOutcome o;
   o.busy_s.assign(total_ranks, 0.0);
-  std::vector<double> held_max(total_ranks, 0.0), buffer_max(total_ranks, 0.0);
+  std::vector<double> held_max(total_ranks, 0.0), buffer_max(total_ranks, 0.0), kept_max(total_ranks, 0.0);
+  // Without the resend, a server keeps what it received and computed for
+  // other ranks' rows (Q, K/V; O) until the layer's backward.
+  const bool servers_keep = base.model.wire == PlanWire::kDistcaArtifactNoResend;
   // The largest exchange any plan needs the buffer to hold; with DistCA's
   // loop, the buffer as allocated (own rows included), enlarged where no
   // tolerance fitted, in this batch or (carry) one before it.
@@ -390,6 +393,13 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
         for (int e = 0; e < kPlanExchanges; ++e) buffer += c.exchange_sent[e][r] + c.exchange_received[e][r];
       held_max[r] = std::max(held_max[r], tick_tokens[r]);
       buffer_max[r] = std::max(buffer_max[r], buffer);
+      if (servers_keep) {
+        double kept = 0;
+        for (const NanoCost& c : costs)
+          kept += c.exchange_received[int(PlanExchange::kForwardDispatch)][r] +
+                  c.exchange_sent[int(PlanExchange::kForwardReturn)][r];
+        kept_max[r] = std::max(kept_max[r], kept);
+      }
     }
   }
 
@@ -412,6 +422,9 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
         if (s == P - 1) mem.logits_tokens = held_max[r];  // the logits of its largest wave
       }
       mem.buffer_bytes = fixed_buffer ? std::max(double(opt.comm_budget) * opt.tp, buffer_need) : buffer_max[r];
+      // Kept per layer, for every layer of the micro-batches in flight (as
+      // activations; the LSE, a few percent of O, is left out).
+      mem.server_bytes = kept_max[r] * std::min(P - s, m) * ctx.stage_layers;
       o.memory_bytes[r] = DeviceMemoryBytes(k, mem);
       o.max_buffer_bytes = std::max(o.max_buffer_bytes, buffer_max[r] / opt.tp);
     }

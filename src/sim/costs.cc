@@ -113,7 +113,7 @@ double DeviceMemoryBytes(const RankCosts& costs, const MemoryInput& in) {
   const double states = in.stage_params * (dt + full) + in.stage_params * optimizer / std::max(1, in.optimizer_shards);
   const double activations =
       in.activation_tokens * costs.ActivationBytesPerToken() + in.logits_tokens * costs.LogitsBytesPerToken();
-  return (states + activations + in.buffer_bytes) / costs.tp();
+  return (states + activations + in.buffer_bytes + in.server_bytes) / costs.tp();
 }
 
 }  // namespace distca::sim

@@ -212,6 +212,11 @@ Status ValidateSimOptions(const SimOptions& o) {
     DISTCA_RETURN_IF_ERROR(ValidateAttentionTable(t).WithContext("hardware profile"));
   if (o.gpus <= 0 || o.tp <= 0 || o.pp <= 0)
     return Status::InvalidArgument(fmt::format("gpus ({}), tp ({}) and pp ({}) must be positive", o.gpus, o.tp, o.pp));
+  // DistCA's pipeline schedule plans the backward anew and resends Q/K/V.
+  if (o.cad_wire == PlanWire::kDistcaArtifactNoResend && o.pp > 1)
+    return Status::InvalidArgument(
+        fmt::format("wire {} keeps Q/K/V on the servers, which DistCA does without pipeline stages only (pp {})",
+                    PlanWireName(*o.cad_wire), o.pp));
   // Tensor parallelism splits the query heads; K/V heads are split too, or
   // replicated when there are fewer of them than tp (as Megatron-LM allows).
   if (o.model.q_heads % o.tp != 0 ||

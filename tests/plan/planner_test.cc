@@ -182,6 +182,19 @@ TEST(StatsTest, HandCountedTraffic) {
   EXPECT_EQ(s.tasks, 3);
 }
 
+// Rank 0's bytes per exchange as given; with two ranks, what one sends the
+// other receives.
+void ExpectTwoRankExchanges(const PlanTraffic& t, const std::array<int64_t, kPlanExchanges>& sent0,
+                            const std::array<int64_t, kPlanExchanges>& received0) {
+  for (int e = 0; e < kPlanExchanges; ++e) {
+    SCOPED_TRACE(e);
+    EXPECT_EQ(t.exchange_sent[e][0], sent0[e]);
+    EXPECT_EQ(t.exchange_received[e][0], received0[e]);
+    EXPECT_EQ(t.exchange_sent[e][1], received0[e]);
+    EXPECT_EQ(t.exchange_received[e][1], sent0[e]);
+  }
+}
+
 TEST(StatsTest, HandCountedTrafficInDistcasArtifactFormat) {
   // The hand plan above, with the published DistCA's rows: its backward
   // dispatch carries Q, O, dO and LSE (3 * 16 + 8 B) and its dK/dV return in
@@ -196,16 +209,29 @@ TEST(StatsTest, HandCountedTrafficInDistcasArtifactFormat) {
                                                          4 * 16 + 4 * 16};
   const std::array<int64_t, kPlanExchanges> local1 = {2 * 16 + 2 * 16, 2 * (16 + 8), 2 * (3 * 16 + 8) + 2 * 16,
                                                       2 * 16 + 2 * 16};
-  for (int e = 0; e < kPlanExchanges; ++e) {
-    SCOPED_TRACE(e);
-    EXPECT_EQ(s.traffic.exchange_sent[e][0], sent0[e]);
-    EXPECT_EQ(s.traffic.exchange_received[e][0], received0[e]);
-    EXPECT_EQ(s.traffic.exchange_sent[e][1], received0[e]);
-    EXPECT_EQ(s.traffic.exchange_received[e][1], sent0[e]);
-    EXPECT_EQ(s.traffic.exchange_local[e][1], local1[e]);
-  }
+  ExpectTwoRankExchanges(s.traffic, sent0, received0);
+  for (int e = 0; e < kPlanExchanges; ++e) EXPECT_EQ(s.traffic.exchange_local[e][1], local1[e]) << e;
   EXPECT_EQ(s.traffic.forward_bytes, 6 * (16 + 16 + 8) + 6 * 16);
   EXPECT_EQ(s.traffic.backward_bytes, 6 * (3 * 16 + 8 + 16) + 6 * (16 + 16));
+}
+
+TEST(StatsTest, HandCountedTrafficInDistcasNoResendFormat) {
+  // The same plan in DistCA's format without the resend: the forward returns
+  // O alone, the backward dispatch carries dO alone (the server kept Q, K/V,
+  // O and LSE), dQ and dK/dV return in bf16.
+  Plan p = HandPlan();
+  p.model.wire = PlanWire::kDistcaArtifactNoResend;
+  PlanStats s;
+  ASSERT_TRUE(ComputePlanStats(p, CostModel::Flops(p.model), &s).ok());
+  const std::array<int64_t, kPlanExchanges> sent0 = {4 * 16 + 4 * 16, 2 * 16, 4 * 16, 2 * 16 + 2 * 16};
+  const std::array<int64_t, kPlanExchanges> received0 = {2 * 16 + 2 * 16, 4 * 16, 2 * 16, 4 * 16 + 4 * 16};
+  ExpectTwoRankExchanges(s.traffic, sent0, received0);
+  EXPECT_EQ(s.traffic.forward_bytes, 6 * (16 + 16) + 6 * 16);
+  EXPECT_EQ(s.traffic.backward_bytes, 6 * 16 + 6 * (16 + 16));
+  PlanWire wire;
+  ASSERT_TRUE(ParsePlanWire("distca-artifact-no-resend", &wire).ok());
+  EXPECT_EQ(wire, PlanWire::kDistcaArtifactNoResend);
+  EXPECT_STREQ(PlanWireName(wire), "distca-artifact-no-resend");
 }
 
 TEST(ValidateTest, AcceptsTheHandPlanAndCatchesEveryBreak) {

@@ -642,6 +642,38 @@ TEST(CadTest, PaperBufferStagesOwnRowsAndGrowsWhereNothingFits) {
   EXPECT_NEAR(two.memory_max_bytes, want, want * kRel);
 }
 
+TEST(CadTest, WithoutTheResendServersKeepWhatTheyReceived) {
+  // Two 1024-token documents, one per nano-batch, each laid out over both
+  // ranks; a fixed 2 GiB buffer, so the buffer term is the same in every
+  // wire format. Without the resend a rank keeps, for every layer, the Q and
+  // K/V rows it received and the O rows it returned: memory grows by that
+  // much over DistCA's resending format, on the rank that keeps the most.
+  SimOptions o = TestOptions();
+  o.hardware.attention_efficiency = {{1.0, 1.0}};
+  o.cad_wire = PlanWire::kDistcaArtifact;
+  const SimResult resend = SimulateOne(o, {{1024, 1024}}, SimStrategy::kDistcaPaper);
+  o.cad_wire = PlanWire::kDistcaArtifactNoResend;
+  const SimResult kept = SimulateOne(o, {{1024, 1024}}, SimStrategy::kDistcaPaper);
+  PlanOptions po;
+  po.ranks = 2;
+  po.policy = PlanPolicy::kPaper;
+  po.model = {4, 2, 16, 2, PlanWire::kDistcaArtifactNoResend};
+  Plan plan;  // both nano-batches are this one document
+  ASSERT_TRUE(BuildPlan({1024}, po, CostModel::Flops(po.model), &plan).ok());
+  const PlanTraffic& t = plan.stats.traffic;
+  double most = 0;
+  for (int r = 0; r < 2; ++r)
+    most = std::max(most, 2.0 * double(t.exchange_received[int(PlanExchange::kForwardDispatch)][r] +
+                                       t.exchange_sent[int(PlanExchange::kForwardReturn)][r]));
+  ASSERT_GT(most, 0);
+  EXPECT_NEAR(kept.memory_max_bytes - resend.memory_max_bytes, most * o.model.num_layers / 2, 1e-6 * most);
+  // DistCA's pipeline schedule resends: no such format with stages.
+  o.pp = 2;
+  std::vector<SimResult> results;
+  EXPECT_NE(Simulate(o, {{1024, 1024}}, {SimStrategy::kDistcaPaper}, &results).ToString().find("pp 2"),
+            std::string::npos);
+}
+
 TEST(CadTest, ArtifactBufferRoundsUpToWholeGiBPlusAHalf) {
   constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
   EXPECT_DOUBLE_EQ(sim::DistcaArtifactEnlargedBuffer(1), 1.5 * kGiB);
