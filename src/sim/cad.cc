@@ -29,8 +29,9 @@ struct NanoCost {
   std::vector<double> tokens;              // tokens held (linear layout)
   std::vector<double> attention;           // forward CA seconds of its tasks
   std::vector<double> attention_backward;  // and backward
-  // Bytes by all-to-all (index: PlanExchange), sent and received.
-  std::array<std::vector<double>, kPlanExchanges> exchange_sent, exchange_received;
+  // Bytes by all-to-all (index: PlanExchange), sent and received, and of the
+  // rows a rank serves for itself (PlanTraffic::exchange_local).
+  std::array<std::vector<double>, kPlanExchanges> exchange_sent, exchange_received, exchange_local;
 };
 
 int64_t Sum(const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), int64_t{0}); }
@@ -54,13 +55,13 @@ Status StageLayout(const std::vector<std::vector<int64_t>>& stage_docs, int rank
   return Status::Ok();
 }
 
-double CadMemoryBytes(const SimContext& ctx, int c) {
+double CadMemoryBytes(const SimContext& ctx, int c, int buffer_copies) {
   const SimOptions& o = ctx.options;
   const double tokens = ctx.CadRankTokens(c);
   MemoryInput mem;
   mem.stage_params = ctx.stage_params;
   mem.optimizer_shards = ctx.optimizer_shards;
-  mem.buffer_bytes = double(o.comm_budget) * o.tp;
+  mem.buffer_bytes = double(buffer_copies) * double(o.comm_budget) * o.tp;
   // The first stage holds the most waves in flight, the last one a single
   // wave and its logits; with one stage they are the same.
   mem.activation_tokens = tokens * ctx.InFlight(ctx.MicroBatchesPerReplica(c)) * ctx.stage_layers;
@@ -131,8 +132,10 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
   BatchOutcome o;
   o.busy_s.assign(total_ranks, 0.0);
   std::vector<double> held_max(total_ranks, 0.0), buffer_max(total_ranks, 0.0), kept_max(total_ranks, 0.0);
-  // Without the resend, a server keeps what it received and computed for
-  // other ranks' rows (Q, K/V; O) until the layer's backward.
+  // Without the resend, a server keeps the Q, K/V and O of every row it
+  // serves (copies out of its receive buffer, its own rows included) until
+  // the layer's backward, and owners drop their Q, K and V after the
+  // dispatch (the artifact's layout_mlp_to_attn).
   const bool servers_keep = base.model.wire == PlanWire::kDistcaArtifactNoResend;
   // The largest exchange any plan needs the buffer to hold; with DistCA's
   // loop, the buffer as allocated (own rows included), enlarged where no
@@ -140,10 +143,19 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
   double buffer_need = 0;
   const bool artifact_loop = variant.artifact_buffer && base.comm_budget > 0;
   int64_t artifact_buffer = artifact_loop ? std::max(base.comm_budget, carry != nullptr ? carry->buffer : 0) : 0;
-  // Its tolerances: the requested one, then the artifact's above it.
-  std::vector<double> artifact_tolerances = {opt.tolerance};
-  for (double e : kDistcaArtifactTolerances)
-    if (e > opt.tolerance) artifact_tolerances.push_back(e);
+  // Its tolerances, those not below the requested one: with one stage its
+  // list (the requested one alone when the list has none that high), with
+  // stages its pipeline list and the requested one.
+  std::vector<double> artifact_tolerances;
+  if (P == 1) {
+    for (double e : kDistcaArtifactTolerances)
+      if (e >= opt.tolerance) artifact_tolerances.push_back(e);
+    if (artifact_tolerances.empty()) artifact_tolerances.push_back(opt.tolerance);
+  } else {
+    artifact_tolerances = {opt.tolerance};
+    for (double e : kDistcaArtifactPipelineTolerances)
+      if (e > opt.tolerance) artifact_tolerances.push_back(e);
+  }
 
   for (int tick = 0; tick < m + P - 1; ++tick) {
     std::vector<int> active, idle;
@@ -221,9 +233,17 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
         for (const Plan& p : plans) need = std::max(need, p.stats.traffic.max_exchange_bytes(true));
         if (need <= artifact_buffer) break;
       }
-      if (need > artifact_buffer)
+      if (need > artifact_buffer) {
+        // With pipeline stages the artifact gives up (create_qkv_dispatch_pipeline_tick raises).
+        if (P > 1)
+          return Status::InvalidArgument(fmt::format(
+              "tick {}: no tolerance up to {} fits the buffer of {:.3g} GB per device (the plans need {:.3g} GB "
+              "in one exchange); DistCA's pipeline schedule stops here (a larger --comm-budget would run)",
+              tick, artifact_tolerances.back(), double(artifact_buffer) / opt.tp * 1e-9, double(need) / opt.tp * 1e-9));
+        const double enlarged = DistcaArtifactEnlargedBuffer(double(need) / opt.tp) * opt.tp;
         artifact_buffer =
-            std::max(artifact_buffer, int64_t(DistcaArtifactEnlargedBuffer(double(need) / opt.tp) * opt.tp));
+            std::max(artifact_buffer, enlarged >= 9e18 ? int64_t{9'000'000'000'000'000'000} : int64_t(enlarged));
+      }
       buffer_need = std::max(buffer_need, double(artifact_buffer));
     }
     std::vector<NanoCost> costs;
@@ -246,11 +266,13 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
       for (int e = 0; e < kPlanExchanges; ++e) {
         c.exchange_sent[e].assign(total_ranks, 0.0);
         c.exchange_received[e].assign(total_ranks, 0.0);
+        c.exchange_local[e].assign(total_ranks, 0.0);
       }
       for (size_t sv = 0; sv < phys.size(); ++sv) {
         for (int e = 0; e < kPlanExchanges; ++e) {
           c.exchange_sent[e][phys[sv]] = double(tr.exchange_sent[e][sv]);
           c.exchange_received[e][phys[sv]] = double(tr.exchange_received[e][sv]);
+          c.exchange_local[e][phys[sv]] = double(tr.exchange_local[e][sv]);
         }
       }
       if (!artifact_loop) buffer_need = std::max(buffer_need, double(tr.max_exchange_bytes(base.budget_counts_local)));
@@ -395,9 +417,10 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
       buffer_max[r] = std::max(buffer_max[r], buffer);
       if (servers_keep) {
         double kept = 0;
+        constexpr int kDispatch = int(PlanExchange::kForwardDispatch), kReturn = int(PlanExchange::kForwardReturn);
         for (const NanoCost& c : costs)
-          kept += c.exchange_received[int(PlanExchange::kForwardDispatch)][r] +
-                  c.exchange_sent[int(PlanExchange::kForwardReturn)][r];
+          kept += c.exchange_received[kDispatch][r] + c.exchange_local[kDispatch][r] + c.exchange_sent[kReturn][r] +
+                  c.exchange_local[kReturn][r];
         kept_max[r] = std::max(kept_max[r], kept);
       }
     }
@@ -410,6 +433,7 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
   // otherwise, and for colocated, the largest per-layer send + receive of
   // the rank.
   const bool fixed_buffer = !colocated && opt.comm_budget > 0;
+  const double buffer_copies = variant.artifact_buffer ? kDistcaArtifactBufferCopies : 1;
   o.memory_bytes.assign(total_ranks, 0.0);
   for (int s = 0; s < P; ++s) {
     for (int j = 0; j < stride; ++j) {
@@ -421,10 +445,14 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
         mem.activation_tokens = held_max[r] * std::min(P - s, m) * ctx.stage_layers;
         if (s == P - 1) mem.logits_tokens = held_max[r];  // the logits of its largest wave
       }
-      mem.buffer_bytes = fixed_buffer ? std::max(double(opt.comm_budget) * opt.tp, buffer_need) : buffer_max[r];
+      mem.buffer_bytes =
+          fixed_buffer ? buffer_copies * std::max(double(opt.comm_budget) * opt.tp, buffer_need) : buffer_max[r];
       // Kept per layer, for every layer of the micro-batches in flight (as
-      // activations; the LSE, a few percent of O, is left out).
-      mem.server_bytes = kept_max[r] * std::min(P - s, m) * ctx.stage_layers;
+      // activations; the LSE, a few percent of O, is left out), less the
+      // owner's Q, K and V, which the activations count.
+      if (servers_keep)
+        mem.server_bytes = (kept_max[r] - (k.HiddenBytesPerToken() + k.KvBytesPerToken()) * held_max[r]) *
+                           std::min(P - s, m) * ctx.stage_layers;
       o.memory_bytes[r] = DeviceMemoryBytes(k, mem);
       o.max_buffer_bytes = std::max(o.max_buffer_bytes, buffer_max[r] / opt.tp);
     }

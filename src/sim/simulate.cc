@@ -314,7 +314,8 @@ Status Simulate(const SimOptions& options, const std::vector<std::vector<int64_t
         // a little larger) decides, below.
         size_t first = degrees.size() - 1;
         for (size_t i = 0; i < degrees.size(); ++i) {
-          if (sim::CadMemoryBytes(ctx, degrees[i]) <= options.hardware.memory_bytes) {
+          const int copies = id == SimStrategy::kDistcaPaper ? sim::kDistcaArtifactBufferCopies : 1;
+          if (sim::CadMemoryBytes(ctx, degrees[i], copies) <= options.hardware.memory_bytes) {
             first = i;
             break;
           }
@@ -346,6 +347,7 @@ Status Simulate(const SimOptions& options, const std::vector<std::vector<int64_t
         for (int b = 0; b < n; ++b) {
           status[b] = e.run(ctx, batches[b], cp, &outcomes[b], &carry);
           if (status[b].ok()) status[b] = sim::AddGradSync(ctx, &outcomes[b]);
+          if (!status[b].ok()) break;  // the batches after it would start from a carry it never set
         }
       } else {
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)

@@ -52,11 +52,11 @@ struct SimContext {
 
 // CAD's nominal memory (docs/simulator.md, "Memory"), per device: weights,
 // gradients and the optimizer sharded over the stage's G ranks, the
-// communication buffer (comm_budget per device when set, else 0: unknown
-// before planning), and the larger of the first stage's activations
+// communication buffer (buffer_copies x comm_budget per device when set,
+// else 0: unknown before planning), and the larger of the first stage's activations
 // (CadRankTokens(c) tokens per wave, min(pp, m) waves in flight) and the last
 // stage's (one wave and its logits).
-double CadMemoryBytes(const SimContext& ctx, int c);
+double CadMemoryBytes(const SimContext& ctx, int c, int buffer_copies = 1);
 // The linear layout of one CAD plan in a tick: stage_docs[a], the documents
 // of the a-th active stage's nano-batch, over that stage's own plan ranks
 // [a G, a G + G) (G = ranks_per_stage; over fewer if it has fewer tokens),
@@ -163,12 +163,15 @@ struct CadVariant {
   // DistCA's NVSHMEM buffer and its artifact's loop over it: the buffer also
   // stages the rows a rank keeps for itself (PlanOptions::
   // budget_counts_local); each tick's nano-batches are planned together at
-  // the artifact's tolerances in order (kDistcaArtifactTolerances) until all
-  // fit; when none does, the last plans are kept and the buffer is enlarged
-  // to their need, rounded up to whole GiB plus 0.5 GiB per device, for the
-  // rest of the batch and, through BatchCarry, the batches after it (memory
-  // counts the largest). Otherwise the planner raises eps in steps of 0.05
-  // (PlanOptions::comm_budget) and a plan that cannot fit is an error.
+  // the artifact's tolerances in order (kDistcaArtifactTolerances, with
+  // pipeline stages kDistcaArtifactPipelineTolerances) until all fit. When
+  // none does, with one stage the last plans are kept and the buffer is
+  // enlarged to their need, rounded up to whole GiB plus 0.5 GiB per device,
+  // for the rest of the batch and, through BatchCarry, the batches after it;
+  // with stages the artifact stops, and so does the simulation. Memory
+  // counts the (largest) buffer kDistcaArtifactBufferCopies times. Otherwise
+  // the planner raises eps in steps of 0.05 (PlanOptions::comm_budget), a
+  // plan that cannot fit is an error, and memory counts the buffer once.
   bool artifact_buffer = false;
   // The bytes each all-to-all carries per row (PlanModel::wire).
   PlanWire wire = PlanWire::kDistca;
@@ -178,10 +181,18 @@ struct CadVariant {
 Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int c_min, const CadVariant& variant,
                    BatchOutcome* out, BatchCarry* carry = nullptr);
 // The tolerances DistCA's artifact tries, in order, until a tick's plans fit
-// its buffer (tests/test_e2e_combined.py): 0.05-0.09 by 0.01, then 0.1-1.0
-// by 0.1.
-inline constexpr std::array<double, 15> kDistcaArtifactTolerances = {0.05, 0.06, 0.07, 0.08, 0.09, 0.1, 0.2, 0.3,
-                                                                     0.4,  0.5,  0.6,  0.7,  0.8,  0.9, 1.0};
+// its buffer, those not below the requested one (MIN_TOLERANCE_FACTOR): with
+// one stage (tests/test_e2e_combined.py) 0-0.09 by 0.01, then 0.1-1.0 by
+// 0.1; with pipeline stages (d2/utils/test_util.py,
+// create_qkv_dispatch_pipeline_tick) its own list, the requested one added.
+inline constexpr std::array<double, 20> kDistcaArtifactTolerances = {
+    0.0, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.07, 0.08, 0.09, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0};
+inline constexpr std::array<double, 17> kDistcaArtifactPipelineTolerances = {
+    0.05, 0.1, 0.15, 0.2, 0.22, 0.25, 0.28, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0};
+// DistCA's artifact allocates its buffer four times per device: two
+// dispatchers (one per nano-batch), each with a send and a receive buffer
+// of the configured size (csrc/core/fastalltoall.h, ops.py).
+inline constexpr int kDistcaArtifactBufferCopies = 4;
 // The buffer the artifact allocates when no tolerance fits, per device:
 // the plans' need rounded up to whole GiB, plus 0.5 GiB.
 double DistcaArtifactEnlargedBuffer(double need_bytes);
