@@ -681,7 +681,9 @@ TEST(CadTest, PaperPlansATicksNanoBatchesAtOneTolerance) {
   };
   const int64_t budget = need(512, 0.05) + need(512, 0.05) % 2;  // even: per device of tp 2
   for (double eps : sim::kDistcaArtifactTolerances) {
-    if (eps >= 0.05) ASSERT_GT(need(1536, eps), budget) << eps;
+    if (eps >= 0.05) {
+      ASSERT_GT(need(1536, eps), budget) << eps;
+    }
   }
   o.comm_budget = budget / 2;
   const SimResult r = SimulateOne(o, {{1536, 512}}, SimStrategy::kDistcaPaper);
