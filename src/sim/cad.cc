@@ -219,10 +219,11 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
     };
     if (!artifact_loop) {
       DISTCA_RETURN_IF_ERROR(plan_all(po));
-    } else {
-      // DistCA's artifact: every nano-batch of the tick at one tolerance,
-      // in its order, until all of them fit the buffer; when none does, the
-      // last plans, in a buffer enlarged to their need.
+    } else if (P == 1) {
+      // DistCA's artifact (test_e2e_combined.py): every nano-batch of the
+      // tick at one tolerance, in its order, until all of them fit the
+      // buffer; when none does, the last plans, in a buffer enlarged to
+      // their need.
       PlanOptions q = po;
       q.comm_budget = 0;  // the loop checks the buffer
       int64_t need = 0;
@@ -234,18 +235,37 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
         if (need <= artifact_buffer) break;
       }
       if (need > artifact_buffer) {
-        // With pipeline stages the artifact gives up (create_qkv_dispatch_pipeline_tick raises).
-        if (P > 1)
-          return Status::InvalidArgument(fmt::format(
-              "tick {}: no tolerance up to {} fits the buffer of {:.3g} GB per device (the plans need {:.3g} GB "
-              "in one exchange); DistCA's pipeline schedule stops here (a larger --comm-budget would run)",
-              tick, artifact_tolerances.back(), double(artifact_buffer) / opt.tp * 1e-9, double(need) / opt.tp * 1e-9));
         const double enlarged = DistcaArtifactEnlargedBuffer(double(need) / opt.tp) * opt.tp;
         artifact_buffer =
             std::max(artifact_buffer, enlarged >= 9e18 ? int64_t{9'000'000'000'000'000'000} : int64_t(enlarged));
       }
-      buffer_need = std::max(buffer_need, double(artifact_buffer));
+    } else {
+      // With pipeline stages (create_qkv_dispatch_pipeline_tick, once per
+      // nano-batch): each nano-batch at its list's tolerances until its plan
+      // fits; where none does, the artifact stops (it raises), and so does
+      // this degree (FailedPrecondition: Simulate tries the next one).
+      PlanOptions q = po;
+      q.comm_budget = 0;
+      for (size_t n = 0; n < parts.size(); ++n) {
+        int64_t need = 0;
+        for (double eps : artifact_tolerances) {
+          q.tolerance = eps;
+          std::vector<PlanDocument> layout;
+          DISTCA_RETURN_IF_ERROR(StageLayout(parts[n], G, &layout));
+          DISTCA_RETURN_IF_ERROR(BuildPlanForLayout(std::move(layout), q, flops, &plans[n])
+                                     .WithContext(fmt::format("tick {}, nano-batch {}", tick, n)));
+          need = plans[n].stats.traffic.max_exchange_bytes(true);
+          if (need <= artifact_buffer) break;
+        }
+        if (need > artifact_buffer)
+          return Status::FailedPrecondition(fmt::format(
+              "tick {}, nano-batch {}: no tolerance up to {} fits the buffer of {:.3g} GB per device (the plan needs "
+              "{:.3g} GB in one exchange); DistCA's pipeline schedule stops here (a larger --comm-budget would run)",
+              tick, n, artifact_tolerances.back(), double(artifact_buffer) / opt.tp * 1e-9,
+              double(need) / opt.tp * 1e-9));
+      }
     }
+    if (artifact_loop) buffer_need = std::max(buffer_need, double(artifact_buffer));
     std::vector<NanoCost> costs;
     for (size_t n = 0; n < parts.size(); ++n) {
       const Plan& plan = plans[n];

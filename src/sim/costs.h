@@ -184,7 +184,9 @@ struct MemoryInput {
   double activation_tokens = 0;  // tokens whose activations are held at once, times layers of the stage
   double logits_tokens = 0;      // last stage: tokens of the micro-batch whose logits are live (else 0)
   double buffer_bytes = 0;       // KV all-gather or CAD send + receive buffers (whole rank)
-  double server_bytes = 0;       // CAD without the resend: rows a server keeps for the backward (whole rank)
+  // CAD without the resend (whole rank): what a server keeps for the
+  // backward net of the Q/K/V its owners drop; may be negative.
+  double server_bytes = 0;
 };
 double DeviceMemoryBytes(const RankCosts& costs, const MemoryInput& in);
 

@@ -314,6 +314,7 @@ Status Simulate(const SimOptions& options, const std::vector<std::vector<int64_t
         // a little larger) decides, below.
         size_t first = degrees.size() - 1;
         for (size_t i = 0; i < degrees.size(); ++i) {
+          // distca-paper's buffer as DistCA allocates it (CadVariant::artifact_buffer).
           const int copies = id == SimStrategy::kDistcaPaper ? sim::kDistcaArtifactBufferCopies : 1;
           if (sim::CadMemoryBytes(ctx, degrees[i], copies) <= options.hardware.memory_bytes) {
             first = i;
@@ -339,6 +340,10 @@ Status Simulate(const SimOptions& options, const std::vector<std::vector<int64_t
     // set, the degree barely changes the memory), flagged by memory_fits =
     // false.
     std::vector<SimResult> tried;
+    // A degree at which the strategy cannot run at all (DistCA's pipeline
+    // schedule finds no tolerance that fits its buffer: FailedPrecondition)
+    // is skipped; the first such reason is the error when no degree runs.
+    Status skipped;
     for (int cp : cps) {
       std::vector<sim::BatchOutcome> outcomes(n);
       std::vector<Status> status(n);
@@ -355,6 +360,12 @@ Status Simulate(const SimOptions& options, const std::vector<std::vector<int64_t
           status[b] = e.run(ctx, batches[b], cp, &outcomes[b], nullptr);
           if (status[b].ok()) status[b] = sim::AddGradSync(ctx, &outcomes[b]);
         }
+      }
+      const auto failed = std::find_if(status.begin(), status.end(), [](const Status& st) { return !st.ok(); });
+      if (failed != status.end() && failed->code() == StatusCode::kFailedPrecondition && cps.size() > 1) {
+        if (skipped.ok())
+          skipped = failed->WithContext(fmt::format("{}, cp {}, batch {}", e.name, cp, failed - status.begin()));
+        continue;
       }
       for (int b = 0; b < n; ++b) {
         if (!status[b].ok()) return status[b].WithContext(fmt::format("{}, batch {}", e.name, b));
@@ -380,6 +391,7 @@ Status Simulate(const SimOptions& options, const std::vector<std::vector<int64_t
         if (k >= 2 && tried[k - 2].memory_fits && tried[k - 1].iteration_s > tried[k - 2].iteration_s) break;
       }
     }
+    if (tried.empty()) return skipped;
     auto faster = [](const SimResult& a, const SimResult& b) { return a.iteration_s < b.iteration_s; };
     std::vector<SimResult> pool;
     for (const SimResult& r : tried)

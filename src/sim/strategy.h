@@ -162,13 +162,14 @@ struct CadVariant {
   bool balanced_nano_batches = true;
   // DistCA's NVSHMEM buffer and its artifact's loop over it: the buffer also
   // stages the rows a rank keeps for itself (PlanOptions::
-  // budget_counts_local); each tick's nano-batches are planned together at
-  // the artifact's tolerances in order (kDistcaArtifactTolerances, with
-  // pipeline stages kDistcaArtifactPipelineTolerances) until all fit. When
-  // none does, with one stage the last plans are kept and the buffer is
-  // enlarged to their need, rounded up to whole GiB plus 0.5 GiB per device,
-  // for the rest of the batch and, through BatchCarry, the batches after it;
-  // with stages the artifact stops, and so does the simulation. Memory
+  // budget_counts_local). With one stage each tick's nano-batches are
+  // planned together at the artifact's tolerances in order
+  // (kDistcaArtifactTolerances) until all fit; when none does, the last plans
+  // are kept and the buffer is enlarged to their need, rounded up to whole
+  // GiB plus 0.5 GiB per device, for the rest of the batch and, through
+  // BatchCarry, the batches after it. With stages each nano-batch on its own
+  // (kDistcaArtifactPipelineTolerances); where one finds none the artifact
+  // stops, and the simulation returns FailedPrecondition. Memory
   // counts the (largest) buffer kDistcaArtifactBufferCopies times. Otherwise
   // the planner raises eps in steps of 0.05 (PlanOptions::comm_budget), a
   // plan that cannot fit is an error, and memory counts the buffer once.

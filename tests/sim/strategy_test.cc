@@ -690,6 +690,23 @@ TEST(CadTest, PaperPlansATicksNanoBatchesAtOneTolerance) {
   EXPECT_DOUBLE_EQ(r.tolerance_used, 1.0);  // both plans
 }
 
+// With an ample buffer the first tolerance tried is kept: with one stage
+// the first of the artifact's list not below the requested one (0.15: 0.2;
+// 0: 0), with stages the requested one (its pipeline list adds it).
+TEST(CadTest, PaperToleranceListsStartFromTheRequestedOne) {
+  SimOptions o = TestOptions();
+  o.hardware.attention_efficiency = {{1.0, 1.0}};
+  o.comm_budget = 1'000'000'000;
+  o.tolerance = 0.15;
+  EXPECT_DOUBLE_EQ(SimulateOne(o, {{1024, 1024}}, SimStrategy::kDistcaPaper).tolerance_used, 0.2);
+  o.tolerance = 0;
+  EXPECT_DOUBLE_EQ(SimulateOne(o, {{1024, 1024}}, SimStrategy::kDistcaPaper).tolerance_used, 0.0);
+  o.gpus = 8;
+  o.pp = 2;
+  o.tolerance = 0.15;
+  EXPECT_DOUBLE_EQ(SimulateOne(o, {{1024, 1024}}, SimStrategy::kDistcaPaper).tolerance_used, 0.15);
+}
+
 TEST(CadTest, WithoutTheResendServersKeepWhatTheyServe) {
   // Two 1024-token documents, one per nano-batch, each laid out over both
   // ranks (1024 tokens a rank in the tick); a fixed 2 GiB buffer, so the
