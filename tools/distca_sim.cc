@@ -354,7 +354,10 @@ int Run(int argc, char** argv) {
   app.add_flag("--recompute-mlp", o.recompute_mlp,
                "recompute the MLP in the backward pass too (its 6 x ffn activation bytes per token and layer are "
                "not kept; the DistCA artifact's selective checkpointing)");
-  app.add_option("--tolerance", o.tolerance, "CAD planner's initial eps (Default: 0.05)")->check(nonneg);
+  app.add_option("--tolerance", o.tolerance,
+                 "CAD planner's eps: distca's first (raised while the buffer binds), distca-paper's lowest of DistCA's "
+                 "tolerance lists (Default: 0.05)")
+      ->check(nonneg);
   app.add_option("--comm-budget", o.comm_budget,
                  "CAD buffer: bytes a device may send or receive in one all-to-all, 0 = unlimited (Default: 2 GiB = "
                  "2147483648)")

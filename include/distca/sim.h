@@ -197,14 +197,19 @@ struct SimOptions {
   // fully overlapped, or as benchmarks that time the forward and backward
   // passes only. Default: on
   bool grad_sync = true;
-  double tolerance = 0.05;  // CAD: initial eps of the planner. Default: 0.05
+  // CAD: the planner's eps: distca's first (raised in steps of 0.05 while
+  // the budget binds); distca-paper's lowest, from which DistCA's tolerance
+  // lists are tried (with one stage their first entry at or above it).
+  // Default: 0.05
+  double tolerance = 0.05;
   // CAD: bytes any device may send or receive in any one of a layer's four
-  // all-to-alls (a rank's budget is tp times this, PlanOptions::comm_budget
-  // with budget_per_exchange; distca-paper's also holds the rows a rank
-  // keeps, as DistCA's does); 0 = unlimited. The buffer is allocated
-  // memory: CAD's memory counts it per device (with 0, the largest
-  // per-layer send + receive). Default: 2 GiB (DistCA's NVSHMEM buffer:
-  // EXPERIMENT_NVSHMEM_BUFFER_SIZE_GB=2, multiplied by 1024^3)
+  // all-to-alls (a rank's budget is tp times this; distca: PlanOptions::
+  // comm_budget with budget_per_exchange; distca-paper: DistCA's loop,
+  // CadVariant::artifact_buffer, its buffer also holding the rows a rank
+  // keeps); 0 = unlimited. The buffer is allocated memory: distca's counted
+  // once per device, distca-paper's four times as DistCA allocates it (with
+  // 0, the largest per-layer send + receive). Default: 2 GiB (DistCA's
+  // NVSHMEM buffer: EXPERIMENT_NVSHMEM_BUFFER_SIZE_GB=2, multiplied by 1024^3)
   int64_t comm_budget = int64_t{2} << 30;
   int threads = 0;  // OpenMP threads over batches; 0 = OMP_NUM_THREADS. Default: 0
 };

@@ -118,9 +118,9 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
   base.tolerance = opt.tolerance;
   // The budget is per device (a rank's tp devices each carry 1/tp of the
   // heads) and per all-to-all: the buffer holds one exchange at a time, and
-  // DistCA checks each of the four against it; so does the planner, with
-  // budget_per_exchange (capped where it would not fit in int64: unlimited
-  // in practice).
+  // DistCA checks each of the four against it; for distca the planner does,
+  // with budget_per_exchange, for distca-paper DistCA's loop below (capped
+  // where it would not fit in int64: unlimited in practice).
   const double budget = double(opt.comm_budget) * opt.tp;
   base.comm_budget = colocated ? 0 : budget >= 9e18 ? int64_t{9'000'000'000'000'000'000} : int64_t(budget);
   base.budget_per_exchange = true;
@@ -448,10 +448,10 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
 
   // Activations: a stage holds at most min(P - s, m) micro-batches at once
   // (1F1B order within the aligned ticks). Buffers: with a comm budget, the
-  // allocated buffer of comm_budget bytes per device (DistCA's NVSHMEM
-  // region, the same on every rank: enlarged where a plan needed more);
-  // otherwise, and for colocated, the largest per-layer send + receive of
-  // the rank.
+  // allocated buffer of comm_budget bytes per device, the same on every
+  // rank (distca-paper's, DistCA's NVSHMEM region, four times and enlarged
+  // where its loop enlarged it); otherwise, and for colocated, the largest
+  // per-layer send + receive of the rank.
   const bool fixed_buffer = !colocated && opt.comm_budget > 0;
   const double buffer_copies = variant.artifact_buffer ? kDistcaArtifactBufferCopies : 1;
   o.memory_bytes.assign(total_ranks, 0.0);

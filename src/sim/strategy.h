@@ -169,8 +169,9 @@ struct CadVariant {
   // GiB plus 0.5 GiB per device, for the rest of the batch and, through
   // BatchCarry, the batches after it. With stages each nano-batch on its own
   // (kDistcaArtifactPipelineTolerances); where one finds none the artifact
-  // stops, and the simulation returns FailedPrecondition. Memory
-  // counts the (largest) buffer kDistcaArtifactBufferCopies times. Otherwise
+  // stops, and the simulation returns FailedPrecondition. Memory counts the
+  // (largest) buffer kDistcaArtifactBufferCopies times (with a comm budget;
+  // without one, the largest per-layer send + receive once). Otherwise
   // the planner raises eps in steps of 0.05 (PlanOptions::comm_budget), a
   // plan that cannot fit is an error, and memory counts the buffer once.
   bool artifact_buffer = false;
