@@ -36,6 +36,10 @@ struct NanoCost {
 
 int64_t Sum(const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), int64_t{0}); }
 
+// Bytes in the planner's int64 units, capped where they would not fit
+// (unlimited in practice).
+int64_t CappedBytes(double bytes) { return bytes >= 9e18 ? int64_t{9'000'000'000'000'000'000} : int64_t(bytes); }
+
 }  // namespace
 
 Status StageLayout(const std::vector<std::vector<int64_t>>& stage_docs, int ranks_per_stage,
@@ -121,8 +125,7 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
   // DistCA checks each of the four against it; for distca the planner does,
   // with budget_per_exchange, for distca-paper DistCA's loop below (capped
   // where it would not fit in int64: unlimited in practice).
-  const double budget = double(opt.comm_budget) * opt.tp;
-  base.comm_budget = colocated ? 0 : budget >= 9e18 ? int64_t{9'000'000'000'000'000'000} : int64_t(budget);
+  base.comm_budget = colocated ? 0 : CappedBytes(double(opt.comm_budget) * opt.tp);
   base.budget_per_exchange = true;
   base.budget_counts_local = variant.artifact_buffer;
   base.model = {opt.model.q_heads, opt.model.kv_heads, opt.model.head_dim(), opt.hardware.dtype_bytes,
@@ -207,14 +210,17 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
     po.ranks = plan_ranks;
     po.dedicated_servers = static_cast<int>(phys.size()) - plan_ranks;
     const bool inter = int64_t{opt.tp} * int64_t(phys.size()) > opt.hardware.gpus_per_node;
+    // Each nano-batch's layout, once; DistCA's loop plans it again at every
+    // tolerance it tries.
+    std::vector<std::vector<PlanDocument>> layouts(parts.size());
+    for (size_t n = 0; n < parts.size(); ++n) DISTCA_RETURN_IF_ERROR(StageLayout(parts[n], G, &layouts[n]));
     std::vector<Plan> plans(parts.size());
+    auto plan_one = [&](size_t n, const PlanOptions& q) {
+      return BuildPlanForLayout(layouts[n], q, flops, &plans[n])
+          .WithContext(fmt::format("tick {}, nano-batch {}", tick, n));
+    };
     auto plan_all = [&](const PlanOptions& q) {
-      for (size_t n = 0; n < parts.size(); ++n) {
-        std::vector<PlanDocument> layout;
-        DISTCA_RETURN_IF_ERROR(StageLayout(parts[n], G, &layout));
-        DISTCA_RETURN_IF_ERROR(BuildPlanForLayout(std::move(layout), q, flops, &plans[n])
-                                   .WithContext(fmt::format("tick {}, nano-batch {}", tick, n)));
-      }
+      for (size_t n = 0; n < parts.size(); ++n) DISTCA_RETURN_IF_ERROR(plan_one(n, q));
       return Status::Ok();
     };
     if (!artifact_loop) {
@@ -234,11 +240,9 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
         for (const Plan& p : plans) need = std::max(need, p.stats.traffic.max_exchange_bytes(true));
         if (need <= artifact_buffer) break;
       }
-      if (need > artifact_buffer) {
-        const double enlarged = DistcaArtifactEnlargedBuffer(double(need) / opt.tp) * opt.tp;
+      if (need > artifact_buffer)
         artifact_buffer =
-            std::max(artifact_buffer, enlarged >= 9e18 ? int64_t{9'000'000'000'000'000'000} : int64_t(enlarged));
-      }
+            std::max(artifact_buffer, CappedBytes(DistcaArtifactEnlargedBuffer(double(need) / opt.tp) * opt.tp));
     } else {
       // With pipeline stages (create_qkv_dispatch_pipeline_tick, once per
       // nano-batch): each nano-batch at its list's tolerances until its plan
@@ -250,10 +254,7 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
         int64_t need = 0;
         for (double eps : artifact_tolerances) {
           q.tolerance = eps;
-          std::vector<PlanDocument> layout;
-          DISTCA_RETURN_IF_ERROR(StageLayout(parts[n], G, &layout));
-          DISTCA_RETURN_IF_ERROR(BuildPlanForLayout(std::move(layout), q, flops, &plans[n])
-                                     .WithContext(fmt::format("tick {}, nano-batch {}", tick, n)));
+          DISTCA_RETURN_IF_ERROR(plan_one(n, q));
           need = plans[n].stats.traffic.max_exchange_bytes(true);
           if (need <= artifact_buffer) break;
         }

@@ -30,9 +30,11 @@ struct StrategyEntry {
   const char* name;
   CpChoice cp;
   StrategyFn run;
-  // Batches run in order, each starting from what the one before carried
-  // (BatchCarry), when a comm budget is set; otherwise in parallel.
-  bool in_order;
+  // DistCA's buffer (CadVariant::artifact_buffer): with a comm budget its
+  // batches run in order, each starting from the buffer the one before left
+  // (BatchCarry), and its memory counts the buffer
+  // kDistcaArtifactBufferCopies times; otherwise batches run in parallel.
+  bool distca_buffer;
 };
 
 constexpr StrategyEntry kStrategies[] = {
@@ -314,8 +316,7 @@ Status Simulate(const SimOptions& options, const std::vector<std::vector<int64_t
         // a little larger) decides, below.
         size_t first = degrees.size() - 1;
         for (size_t i = 0; i < degrees.size(); ++i) {
-          // distca-paper's buffer as DistCA allocates it (CadVariant::artifact_buffer).
-          const int copies = id == SimStrategy::kDistcaPaper ? sim::kDistcaArtifactBufferCopies : 1;
+          const int copies = e.distca_buffer ? sim::kDistcaArtifactBufferCopies : 1;
           if (sim::CadMemoryBytes(ctx, degrees[i], copies) <= options.hardware.memory_bytes) {
             first = i;
             break;
@@ -347,7 +348,7 @@ Status Simulate(const SimOptions& options, const std::vector<std::vector<int64_t
     for (int cp : cps) {
       std::vector<sim::BatchOutcome> outcomes(n);
       std::vector<Status> status(n);
-      if (e.in_order && options.comm_budget > 0) {
+      if (e.distca_buffer && options.comm_budget > 0) {
         sim::BatchCarry carry;
         for (int b = 0; b < n; ++b) {
           status[b] = e.run(ctx, batches[b], cp, &outcomes[b], &carry);

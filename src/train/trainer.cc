@@ -128,6 +128,9 @@ double LoadMaxOverMean(const std::vector<Plan>& plans) {
   return sum > 0 ? mx / (sum / double(load.size())) : 1.0;
 }
 
+// The cosine schedule's length: --lr-decay-steps, or the run's steps.
+int64_t DecaySteps(const TrainOptions& o) { return o.lr_decay_steps > 0 ? o.lr_decay_steps : o.steps; }
+
 Status CheckOptions(const Comm& comm, const TrainOptions& o) {
   DISTCA_RETURN_IF_ERROR(ValidateModelConfig(o.model));
   if (o.steps < 1) return Status::InvalidArgument(fmt::format("--steps must be >= 1, got {}", o.steps));
@@ -159,7 +162,7 @@ Status CheckOptions(const Comm& comm, const TrainOptions& o) {
                                                o.warmup_steps, o.lr_decay_steps));
   // The cosine starts where the warmup ends: a warmup past the schedule's
   // end would raise the rate after it should have decayed, then drop it.
-  const int64_t decay_steps = o.lr_decay_steps > 0 ? o.lr_decay_steps : o.steps;
+  const int64_t decay_steps = DecaySteps(o);
   if (o.warmup_steps > decay_steps)
     return Status::InvalidArgument(fmt::format(
         "--warmup-steps {} is longer than the learning-rate schedule ({} steps: --lr-decay-steps, or --steps)",
@@ -279,7 +282,7 @@ Status Train(Comm& comm, const TrainOptions& options, const std::function<void(c
   exec_options.dispatch.backward = o.backward;
   exec_options.dispatch.exec.num_threads = o.threads;
   ModelPass pass(model.get(), o.threads);
-  const int64_t decay_steps = o.lr_decay_steps > 0 ? o.lr_decay_steps : o.steps;
+  const int64_t decay_steps = DecaySteps(o);
 
   while (step < o.steps) {
     ResetPeakRss();
