@@ -314,8 +314,10 @@ int Run(int argc, char** argv) {
   app.add_option("--pp", o.pp, "pipeline stages (Default: 1)")->check(pos);
   app.add_option("--cp", o.cp, "baselines' CP degree (Default: best of a sweep over powers of two)")->check(pos);
   app.add_option("--max-doc-len", o.max_doc_len, "L: chunk length and longest document, tokens")->check(pos);
-  app.add_option("--batch-size", o.batch_size,
-                 "B: L-token chunks per iteration (a multiple of gpus / (tp x pp) unless --micro-batches)")
+  app.add_option(
+         "--batch-size", o.batch_size,
+         "B: L-token chunks per iteration (without --micro-batches, a multiple of G / c for a power-of-two CP degree c "
+         "dividing G = gpus / (tp x pp))")
       ->check(pos);
   app.add_option("--lengths", a.lengths, "JSON array of document lengths to sample from");
   app.add_option("--docs-file", a.docs_file,

@@ -258,6 +258,10 @@ struct SimResult {
 // takes minutes on 2 cores.
 inline constexpr int64_t kMaxSimIterationTokens = int64_t{1} << 30;
 inline constexpr int kMaxSimGpus = 8192;
+// eps is a fraction of the mean load: from 1 on a balancing policy moves
+// nothing more; 1e6 leaves room for the budget search's raises and keeps the
+// mean over a run's plans finite.
+inline constexpr double kMaxSimTolerance = 1e6;
 
 Status ValidateSimOptions(const SimOptions& options);
 

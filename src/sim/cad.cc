@@ -224,7 +224,12 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
       return Status::Ok();
     };
     if (!artifact_loop) {
-      DISTCA_RETURN_IF_ERROR(plan_all(po));
+      // The planner's rank is tp devices: its budget is tp x the per-device one.
+      Status planned = plan_all(po);
+      if (!planned.ok() && po.comm_budget > 0)
+        planned = planned.WithContext(
+            fmt::format("a rank of tp {} devices: comm budget {} x {} bytes", opt.tp, opt.tp, opt.comm_budget));
+      DISTCA_RETURN_IF_ERROR(planned);
     } else if (P == 1) {
       // DistCA's artifact (test_e2e_combined.py): every nano-batch of the
       // tick at one tolerance, in its order, until all of them fit the

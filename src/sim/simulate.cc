@@ -265,8 +265,9 @@ Status ValidateSimOptions(const SimOptions& o) {
         fmt::format("gpus ({}) plus {} dedicated servers per stage ({} GPUs) is above the "
                     "simulator's limit of {} GPUs",
                     o.gpus, o.dedicated_servers, int64_t{o.dedicated_servers} * o.tp * o.pp, kMaxSimGpus));
-  if (!(o.tolerance >= 0) || !std::isfinite(o.tolerance))
-    return Status::InvalidArgument(fmt::format("tolerance must be a finite number >= 0, got {}", o.tolerance));
+  if (!(o.tolerance >= 0) || !(o.tolerance <= kMaxSimTolerance))
+    return Status::InvalidArgument(
+        fmt::format("tolerance must be a number in [0, {:g}], got {}", kMaxSimTolerance, o.tolerance));
   if (o.comm_budget < 0) return Status::InvalidArgument("comm budget must be >= 0");
   if (o.threads < 0 || o.threads > kMaxThreads)
     return Status::InvalidArgument(fmt::format("threads must be in [0, {}], got {}", kMaxThreads, o.threads));

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 #include <optional>
 #include <string>
@@ -615,6 +616,9 @@ TEST(CadTest, PaperBufferStagesOwnRowsAndGrowsWhereNothingFits) {
   std::vector<SimResult> results;
   const Status failed = Simulate(o, {{1024, 1024}}, {SimStrategy::kDistca}, &results);
   EXPECT_NE(failed.ToString().find("below what the linear layout alone moves"), std::string::npos) << failed.ToString();
+  // The planner's budget is a rank's (tp devices); the message says so.
+  EXPECT_NE(failed.ToString().find("a rank of tp 2 devices: comm budget 2 x 1 bytes"), std::string::npos)
+      << failed.ToString();
   const SimResult r = SimulateOne(o, {{1024, 1024}}, SimStrategy::kDistcaPaper);
   EXPECT_EQ(r.cp, 1);
   EXPECT_DOUBLE_EQ(r.tolerance_used, sim::kDistcaArtifactTolerances.back());
@@ -1042,6 +1046,15 @@ TEST(SimulateTest, RejectsBadOptionsAndBatches) {
   o = TestOptions();
   o.cp = 3;
   EXPECT_TRUE(Contains(ValidateSimOptions(o), "cp (3) must divide"));
+  // eps past the bound would overflow the mean of a run's plans' eps.
+  o = TestOptions();
+  o.tolerance = kMaxSimTolerance;
+  EXPECT_TRUE(ValidateSimOptions(o).ok());
+  for (double bad : {-0.1, 2 * kMaxSimTolerance, std::numeric_limits<double>::infinity(),
+                     std::numeric_limits<double>::quiet_NaN()}) {
+    o.tolerance = bad;
+    EXPECT_TRUE(Contains(ValidateSimOptions(o), "tolerance must be a number in [0, 1e+06]")) << bad;
+  }
   // Heads per tensor-parallel device: 4 query and 2 K/V heads.
   o = TestOptions();
   o.gpus = 6;
