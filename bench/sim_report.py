@@ -73,9 +73,12 @@ def grid_table(grid):
     for name, s in grid.items():
         w, m, p, d = s["wlb-ideal"], s["megatron"], s["distca-paper"], s["distca"]
         idle = lambda r: f"{100 * float(r['idle_fraction']):.1f}%"
-        cad = lambda r: f"{float(r['speedup']):.3f} ({float(r['tolerance_used']):.2f}, {idle(r)})"
-        print(f"| {name} | {w['batch_size']} | {float(w['iteration_s']):.2f} ({w['cp']}, {idle(w)}) | "
-              f"{float(m['speedup']):.3f} ({m['cp']}) | {cad(p)} | {cad(d)} |")
+        over = lambda r: "" if r["memory_fits"] == "1" else "!"
+        cad = lambda r: f"{float(r['speedup']):.3f}{over(r)} ({float(r['tolerance_used']):.2f}, {idle(r)})"
+        print(f"| {name} | {w['batch_size']} | {float(w['iteration_s']):.2f}{over(w)} ({w['cp']}, {idle(w)}) | "
+              f"{float(m['speedup']):.3f}{over(m)} ({m['cp']}) | {cad(p)} | {cad(d)} |")
+    if any(r["memory_fits"] != "1" for s in grid.values() for r in s.values()):
+        print("\n! over the device memory at every degree tried")
 
 
 def artifact_buffer_gib(row):

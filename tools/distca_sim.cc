@@ -82,7 +82,7 @@ nlohmann::json ToJson(const SimOptions& o, const SimResult& r) {
           {"tolerance", o.tolerance},
           {"iteration_s", r.iteration_s},
           {"tokens_per_s", r.tokens_per_s},
-          {"speedup_over_wlb_ideal", r.speedup},
+          {"speedup_over_wlb_ideal", r.speedup > 0 ? nlohmann::json(r.speedup) : nlohmann::json(nullptr)},
           {"idle_fraction", r.idle_fraction},
           {"memory_max_bytes", r.memory_max_bytes},
           {"memory_mean_bytes", r.memory_mean_bytes},
@@ -146,8 +146,14 @@ int WriteChart(const std::string& base, const std::string& csv, const std::strin
   for (char c : base + ".gp") quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
   const std::string command = "gnuplot " + quoted + "'";
   const int rc = std::system(command.c_str());
-  if (rc != 0)
-    return Fail(fmt::format("'{}' failed (exit status {}); is gnuplot installed (scripts/install-deps)?", command, rc));
+  if (rc != 0) {
+    // The shell exits 127 when it finds no gnuplot.
+    const bool exited = rc > 0 && WIFEXITED(rc);
+    if (exited && WEXITSTATUS(rc) == 127)
+      return Fail(fmt::format("'{}': gnuplot not found; scripts/install-deps installs it", command));
+    return Fail(exited ? fmt::format("'{}' failed with exit status {}", command, WEXITSTATUS(rc))
+                       : fmt::format("'{}' did not run to completion (status {})", command, rc));
+  }
   if (!quiet) fmt::print("wrote {}\n", png);
   return 0;
 }
@@ -163,6 +169,10 @@ int MakeOutDir(const std::string& dir) {
 // --paper-grid: every grid point, all strategies; CSV and a chart.
 int RunGrid(const Args& a, const std::vector<int64_t>& pool, const std::vector<distca::SimStrategy>& strategies) {
   if (a.out_dir.empty()) return Fail("--paper-grid needs --out DIR");
+  // The chart plots speedups over wlb-ideal: without it (or with it alone)
+  // the grid writes its CSV only.
+  const bool chart = strategies.size() >= 2 && std::find(strategies.begin(), strategies.end(),
+                                                         distca::SimStrategy::kWlbIdeal) != strategies.end();
   std::vector<distca::GridPoint> points;
   Status s = distca::PaperGrid(a.paper_grid, &points, a.grid_recipe);
   if (!s.ok()) return Fail(s.message());
@@ -188,7 +198,8 @@ int RunGrid(const Args& a, const std::vector<int64_t>& pool, const std::vector<d
     std::string line = fmt::format("{:<14}", p.Label());
     for (const SimResult& r : results) {
       csv += distca::GridCsvRow(p, r, o.wlb_scope);
-      line += fmt::format("  {} {:.3f}s {:.3f}x", distca::SimStrategyName(r.strategy), r.iteration_s, r.speedup);
+      line += fmt::format("  {} {:.3f}s {}", distca::SimStrategyName(r.strategy), r.iteration_s,
+                          r.speedup > 0 ? fmt::format("{:.3f}x", r.speedup) : "-");
     }
     fmt::print("{}\n", line);
     std::fflush(stdout);
@@ -197,6 +208,15 @@ int RunGrid(const Args& a, const std::vector<int64_t>& pool, const std::vector<d
              timer.Seconds());
   const std::string base = a.out_dir + "/grid_" + a.paper_grid;
   const std::string png = a.out_dir + "/speedup_" + a.paper_grid + ".png";
+  if (!chart) {
+    s = distca::WriteFileAtomic(base + ".csv", csv);
+    if (!s.ok()) return Fail(s.message());
+    fmt::print(
+        "wrote {}.csv (no chart: it plots speedups over wlb-ideal, which needs wlb-ideal and another "
+        "strategy in --strategies)\n",
+        base);
+    return 0;
+  }
   return WriteChart(
       base, csv,
       distca::SpeedupPlotScript(
@@ -408,6 +428,18 @@ int Run(int argc, char** argv) {
   if (a.lengths.empty() == a.docs_file.empty()) return Fail("give exactly one of --lengths and --docs-file");
   if (!a.out_dir.empty() && a.paper_grid.empty() && !a.tolerance_sweep)
     return Fail("--out applies with --paper-grid or --tolerance-sweep");
+  // Flags another mode would silently ignore.
+  if (a.paper_grid.empty())
+    for (const char* flag : {"--grid-elongate-base", "--grid-micro-batches"})
+      if (app.count(flag) > 0) return Fail(fmt::format("{} applies with --paper-grid", flag));
+  if (a.tolerance_sweep)
+    for (const char* flag : {"--tolerance", "--comm-budget", "--breakdown"})
+      if (app.count(flag) > 0)
+        return Fail(
+            fmt::format("--tolerance-sweep sets the tolerance itself, without a comm budget, and prints no "
+                        "breakdown: drop {}",
+                        flag));
+  if (a.search && a.breakdown) return Fail("--search prints no breakdown: drop --breakdown");
   if (a.search) {
     if (!a.docs_file.empty() || !a.paper_grid.empty() || a.tolerance_sweep)
       return Fail(

@@ -253,8 +253,8 @@ struct SimResult {
 };
 
 // Limits that keep a simulation finite in time and memory (every batch is
-// sampled, planned and costed): 16x the paper's largest configuration in
-// tokens (512K x 128 chunks), 16x in GPUs (512). Near both limits a run
+// sampled, planned and costed): 64x the paper's largest configuration in
+// tokens (128 chunks of 128K), 16x in GPUs (512). Near both limits a run
 // takes minutes on 2 cores.
 inline constexpr int64_t kMaxSimIterationTokens = int64_t{1} << 30;
 inline constexpr int kMaxSimGpus = 8192;

@@ -28,10 +28,11 @@ Status ReadBatchesFile(const std::string& path, std::vector<std::vector<int64_t>
 // exactly tokens_per_batch tokens (a document that does not fit is cut to the
 // room left; the rest of it is dropped).
 // The most tokens one sampled or streamed batch may hold (about a million
-// documents of the Pretrain distribution): 64x the paper's largest batch.
+// documents of the Pretrain distribution): 256x the paper's largest batch
+// (128 chunks of 128K).
 inline constexpr int64_t kMaxTokensPerBatch = int64_t{1} << 32;
 // The most documents the recipe's pool may hold after upsampling (about 0.5
-// GB of lengths; the Pretrain file holds 72K documents).
+// GB of lengths; the Pretrain file holds 99,519 documents).
 inline constexpr int64_t kMaxSampledDocuments = int64_t{1} << 26;
 // The most batches one call may sample (the paper uses 30 per configuration).
 inline constexpr int kMaxSampledBatches = 100'000;

@@ -13,7 +13,7 @@
 
 namespace distca {
 
-Status ReadTextFile(const std::string& path, std::string* contents) {
+Status ReadTextFile(const std::string& path, std::string* contents, size_t stream_limit) {
   // POSIX reads, so that every failure is seen (a stream's rdbuf copy swallows
   // read errors: a directory would read as an empty file).
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -22,7 +22,8 @@ Status ReadTextFile(const std::string& path, std::string* contents) {
   // A regular file's size, reserved up front: the string holds the file once,
   // not up to twice as it grows (the size is a hint; the loop reads to EOF).
   struct stat st {};
-  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) {
+  const bool regular = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+  if (regular && st.st_size > 0) {
     try {
       out.reserve(static_cast<size_t>(st.st_size));
     } catch (const std::exception&) {
@@ -41,6 +42,11 @@ Status ReadTextFile(const std::string& path, std::string* contents) {
       return Status::IoError("error while reading '" + path + "': " + std::strerror(err));
     }
     out.append(buf, static_cast<size_t>(n));
+    if (!regular && out.size() > stream_limit) {
+      ::close(fd);
+      return Status::OutOfRange("'" + path + "' is not a regular file and gives more than " +
+                                std::to_string(stream_limit) + " bytes");
+    }
   }
   ::close(fd);
   *contents = std::move(out);

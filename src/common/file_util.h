@@ -8,7 +8,11 @@
 
 namespace distca {
 
-Status ReadTextFile(const std::string& path, std::string* contents);
+// Reads a whole file. A regular file is read to its end; anything else (a
+// pipe, a device) up to stream_limit bytes, past which it is refused:
+// /dev/zero would otherwise fill memory.
+inline constexpr size_t kMaxStreamReadBytes = size_t{1} << 30;
+Status ReadTextFile(const std::string& path, std::string* contents, size_t stream_limit = kMaxStreamReadBytes);
 Status WriteTextFile(const std::string& path, std::string_view contents);
 
 // Writes `contents` to path + ".tmp", fsyncs it, renames it over `path` and

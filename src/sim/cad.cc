@@ -68,7 +68,7 @@ double CadMemoryBytes(const SimContext& ctx, int c, int buffer_copies) {
   mem.buffer_bytes = double(buffer_copies) * double(o.comm_budget) * o.tp;
   // The first stage holds the most waves in flight, the last one a single
   // wave and its logits; with one stage they are the same.
-  mem.activation_tokens = tokens * ctx.InFlight(ctx.MicroBatchesPerReplica(c)) * ctx.stage_layers;
+  mem.activation_tokens = tokens * ctx.CadInFlight(ctx.MicroBatchesPerReplica(c)) * ctx.stage_layers;
   const double first = o.pp > 1 ? DeviceMemoryBytes(ctx.costs, mem) : 0.0;
   mem.activation_tokens = tokens * ctx.stage_layers;
   mem.logits_tokens = tokens;
@@ -128,7 +128,7 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
   base.comm_budget = colocated ? 0 : CappedBytes(double(opt.comm_budget) * opt.tp);
   base.budget_per_exchange = true;
   base.budget_counts_local = variant.artifact_buffer;
-  base.model = {opt.model.q_heads, opt.model.kv_heads, opt.model.head_dim(), opt.hardware.dtype_bytes,
+  base.model = {opt.model.q_heads, RankKvHeads(opt.model, opt.tp), opt.model.head_dim(), opt.hardware.dtype_bytes,
                 opt.cad_wire.value_or(variant.wire)};
   const CostModel flops = CostModel::Flops(base.model);
 
@@ -199,11 +199,14 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
     }
     for (size_t a = 0; a < active.size(); ++a) {
       const int64_t wave_tokens = Sum(waves[tick - active[a]]);
+      // FailedPrecondition: with pipeline stages Simulate goes on to the
+      // next degree (a larger c cuts more, smaller waves).
       if (wave_tokens < G)
-        return Status::InvalidArgument(
-            fmt::format("tick {}: stage {} holds {} tokens for {} ranks: some rank would hold none (fewer "
-                        "micro-batches, or fewer ranks, would give each rank a token)",
-                        tick, active[a], wave_tokens, G));
+        return Status::FailedPrecondition(
+            fmt::format("tick {}: stage {} holds {} tokens for {} ranks in one of its {} waves: some rank would hold "
+                        "none (fewer waves, from a lower CP degree or fewer micro-batches, or fewer ranks would give "
+                        "each rank a token)",
+                        tick, active[a], wave_tokens, G, m));
     }
 
     PlanOptions po = base;
@@ -452,8 +455,9 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
     }
   }
 
-  // Activations: a stage holds at most min(P - s, m) micro-batches at once
-  // (1F1B order within the aligned ticks). Buffers: with a comm budget, the
+  // Activations: stage s holds at most CadInFlight(m, s) waves at once, its
+  // largest each (distca-paper's dummy micro-batches run without autograd
+  // and hold none). Buffers: with a comm budget, the
   // allocated buffer of comm_budget bytes per device, the same on every
   // rank (distca-paper's, DistCA's NVSHMEM region, four times and enlarged
   // where its loop enlarged it); otherwise, and for colocated, the largest
@@ -468,7 +472,7 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
       if (j < G) {
         mem.stage_params = ctx.stage_params;
         mem.optimizer_shards = ctx.optimizer_shards;
-        mem.activation_tokens = held_max[r] * std::min(P - s, m) * ctx.stage_layers;
+        mem.activation_tokens = held_max[r] * ctx.CadInFlight(m, s) * ctx.stage_layers;
         if (s == P - 1) mem.logits_tokens = held_max[r];  // the logits of its largest wave
       }
       mem.buffer_bytes =
@@ -478,7 +482,7 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
       // owner's Q, K and V, which the activations count.
       if (servers_keep)
         mem.server_bytes = (kept_max[r] - (k.HiddenBytesPerToken() + k.KvBytesPerToken()) * held_max[r]) *
-                           std::min(P - s, m) * ctx.stage_layers;
+                           ctx.CadInFlight(m, s) * ctx.stage_layers;
       o.memory_bytes[r] = DeviceMemoryBytes(k, mem);
       o.max_buffer_bytes = std::max(o.max_buffer_bytes, buffer_max[r] / opt.tp);
     }

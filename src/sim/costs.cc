@@ -10,7 +10,9 @@ namespace distca::sim {
 
 RankCosts::RankCosts(const ModelConfig& m, const HardwareProfile& hw, int tp, bool recompute_mlp) : hw_(hw), tp_(tp) {
   const double h = m.hidden;
-  const double h_kv = double(m.kv_heads) * m.head_dim();
+  // The rank's K/V width: with fewer K/V heads than tp, each device holds,
+  // projects and moves a whole replicated head, tp of them in the rank.
+  const double h_kv = double(RankKvHeads(m, tp)) * m.head_dim();
   linear_rate_ = tp * hw.peak_flops * hw.linear_mfu;
   attention_peak_ = tp * hw.peak_flops;
   linear_flops_per_token_ = 2 * h * (2 * h + 2 * h_kv) + 6 * h * m.ffn_hidden;

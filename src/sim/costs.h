@@ -21,6 +21,11 @@ Status ParseAttentionTable(const AttentionTable& table, CostModel* total, std::o
 // core attention's comes from the profile (RankCosts::Attention).
 inline constexpr double kBackwardLinearFactor = 2.0;
 
+// K/V heads of a rank of tp devices: the model's, or tp when there are fewer
+// (each device then holds a replica of one: tp divides or is a multiple of
+// kv_heads, ValidateSimOptions).
+inline int RankKvHeads(const ModelConfig& m, int tp) { return m.kv_heads < tp ? tp : m.kv_heads; }
+
 class RankCosts {
  public:
   // REQUIRES: model and hardware valid (ValidateSimOptions), tp >= 1. (A
@@ -30,7 +35,7 @@ class RankCosts {
   RankCosts(const ModelConfig& model, const HardwareProfile& hardware, int tp, bool recompute_mlp = false);
 
   // Context-independent FLOPs of one token in one layer, forward:
-  // 2h(2h + 2h_kv) + 6 h ffn, with h_kv = kv_heads * head_dim.
+  // 2h(2h + 2h_kv) + 6 h ffn, with h_kv = RankKvHeads * head_dim.
   double LinearFlopsPerToken() const { return linear_flops_per_token_; }
   // Seconds of one layer's context-independent part over `tokens`, forward:
   // the FLOPs at linear_mfu, plus, with the profile's tp_collectives and tp

@@ -17,6 +17,13 @@ std::string ShortModel(const std::string& preset) {
   return preset;
 }
 
+// A gnuplot string literal: single quotes, each quote inside doubled.
+std::string Quoted(const std::string& text) {
+  std::string out = "'";
+  for (char c : text) out += c == '\'' ? std::string("''") : std::string(1, c);
+  return out + "'";
+}
+
 }  // namespace
 
 std::string GridPoint::Label() const { return fmt::format("{} {}K {}", ShortModel(model), max_doc_len / kK, gpus); }
@@ -84,12 +91,13 @@ std::string GridCsvHeader() {
 
 std::string GridCsvRow(const GridPoint& p, const SimResult& r, WlbScope wlb_scope) {
   return fmt::format(
-      "{},{},{},{},{},{},{},{},{:.6f},{:.1f},{:.4f},{:.4f},{:.3f},{:.3f},{},{:.3f},{:.4f},{},{:.3f},"
+      "{},{},{},{},{},{},{},{},{:.6f},{:.1f},{},{:.4f},{:.3f},{:.3f},{},{:.3f},{:.4f},{},{:.3f},"
       "{},{},{},{:.6f}\n",
       p.Label(), p.model, p.gpus, p.tp, p.pp, p.max_doc_len, p.batch_size, SimStrategyName(r.strategy), r.iteration_s,
-      r.tokens_per_s, r.speedup, r.idle_fraction, r.memory_max_bytes * 1e-9, r.memory_mean_bytes * 1e-9,
-      r.memory_fits ? 1 : 0, r.bytes_moved * 1e-9, r.max_buffer_bytes * 1e-9, r.cp, r.tolerance_used, p.micro_batches,
-      p.recompute_mlp ? 1 : 0, WlbScopeName(wlb_scope), r.grad_sync_s);
+      r.tokens_per_s, r.speedup > 0 ? fmt::format("{:.4f}", r.speedup) : std::string(), r.idle_fraction,
+      r.memory_max_bytes * 1e-9, r.memory_mean_bytes * 1e-9, r.memory_fits ? 1 : 0, r.bytes_moved * 1e-9,
+      r.max_buffer_bytes * 1e-9, r.cp, r.tolerance_used, p.micro_batches, p.recompute_mlp ? 1 : 0,
+      WlbScopeName(wlb_scope), r.grad_sync_s);
 }
 
 std::string SpeedupPlotScript(const std::string& csv_path, const std::string& png_path, const std::string& title,
@@ -102,14 +110,14 @@ std::string SpeedupPlotScript(const std::string& csv_path, const std::string& pn
   for (size_t i = 0; i < k; ++i) {
     if (strategies[i] == SimStrategy::kWlbIdeal) continue;
     if (!plots.empty()) plots += ", \\\n     ";
-    plots += fmt::format("'{}' skip 1 every {}::{} using 11:xtic(1) title '{}'", csv_path, k, i,
+    plots += fmt::format("{} skip 1 every {}::{} using 11:xtic(1) title '{}'", Quoted(csv_path), k, i,
                          SimStrategyName(strategies[i]));
   }
   return fmt::format(
       "set datafile separator ','\n"
       "set terminal png size 1600,640\n"
-      "set output '{}'\n"
-      "set title '{}'\n"
+      "set output {}\n"
+      "set title {}\n"
       "set style data histograms\n"
       "set style histogram cluster gap 1\n"
       "set style fill solid 0.85 border -1\n"
@@ -120,7 +128,7 @@ std::string SpeedupPlotScript(const std::string& csv_path, const std::string& pn
       "set grid ytics\n"
       "set key top left\n"
       "plot {}, \\\n     1 with lines dashtype 2 linecolor rgb 'black' notitle\n",
-      png_path, title, plots);
+      Quoted(png_path), Quoted(title), plots);
 }
 
 std::string ToleranceCsvHeader() { return "eps,strategy,iteration_s,max_buffer_gb,bytes_moved_gb\n"; }
@@ -139,16 +147,16 @@ std::string TolerancePlotScript(const std::string& csv_path, const std::string& 
     std::string plots;
     for (size_t i = 0; i < k; ++i) {
       if (!plots.empty()) plots += ", \\\n     ";
-      plots += fmt::format("'{}' skip 1 every {}::{} using 1:{} with linespoints title '{}'", csv_path, k, i, column,
-                           SimStrategyName(strategies[i]));
+      plots += fmt::format("{} skip 1 every {}::{} using 1:{} with linespoints title '{}'", Quoted(csv_path), k, i,
+                           column, SimStrategyName(strategies[i]));
     }
     return plots;
   };
   return fmt::format(
       "set datafile separator ','\n"
       "set terminal png size 1400,560\n"
-      "set output '{}'\n"
-      "set multiplot layout 1,2 title '{}'\n"
+      "set output {}\n"
+      "set multiplot layout 1,2 title {}\n"
       "set xlabel 'tolerance eps'\n"
       "set grid\n"
       "set key top left\n"
@@ -158,7 +166,7 @@ std::string TolerancePlotScript(const std::string& csv_path, const std::string& 
       "set yrange [0:*]\n"
       "plot {}\n"
       "unset multiplot\n",
-      png_path, title, lines(3), lines(4));
+      Quoted(png_path), Quoted(title), lines(3), lines(4));
 }
 
 }  // namespace distca

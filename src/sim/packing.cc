@@ -62,7 +62,7 @@ std::vector<std::vector<int64_t>> BalanceWaves(const std::vector<int64_t>& docs,
   return out;
 }
 
-std::vector<std::vector<int64_t>> WlbPack(const std::vector<int64_t>& docs, int bins, int64_t chunk, int64_t cap) {
+std::vector<std::vector<int64_t>> WlbPack(const std::vector<int64_t>& docs, int bins, double breakpoint, int64_t cap) {
   std::vector<int> order(docs.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return docs[a] > docs[b]; });
@@ -77,7 +77,7 @@ std::vector<std::vector<int64_t>> WlbPack(const std::vector<int64_t>& docs, int 
     }
     if (best < 0) best = int(std::min_element(tokens.begin(), tokens.end()) - tokens.begin());
     out[best].push_back(docs[d]);
-    load[best] += WlbCost(docs[d], double(chunk));
+    load[best] += WlbCost(docs[d], breakpoint);
     tokens[best] += docs[d];
   }
   return out;

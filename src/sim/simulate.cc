@@ -119,7 +119,11 @@ namespace sim {
 SimContext::SimContext(const SimOptions& o) : options(o), costs(o.model, o.hardware, o.tp, o.recompute_mlp) {
   stage_ranks = o.gpus / (o.tp * o.pp);
   stage_layers = o.model.num_layers / o.pp;
-  stage_params = double(ParameterCount(o.model)) / o.pp;
+  // Replicated K/V heads (RankKvHeads) add their projections' weights.
+  stage_params =
+      (double(ParameterCount(o.model)) + 2.0 * o.model.num_layers * double(o.model.hidden) * o.model.head_dim() *
+                                             (RankKvHeads(o.model, o.tp) - o.model.kv_heads)) /
+      o.pp;
   optimizer_shards = o.distributed_optimizer ? stage_ranks : 1;
   stage_inter_node = int64_t{o.tp} * stage_ranks > o.hardware.gpus_per_node;
   pipeline_inter_node = o.gpus > o.hardware.gpus_per_node;

@@ -2,6 +2,7 @@
 // per-batch outcome, and the strategy functions (one file each).
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <vector>
@@ -37,9 +38,14 @@ struct SimContext {
   // CAD: tokens a rank holds per wave, nominal: L / c with chunk
   // micro-batches, B L / (m G) with options.micro_batches = m.
   double CadRankTokens(int c) const;
-  // Micro-batches whose activations stage 0 holds at once in 1F1B (and in
-  // the aligned schedule): min(pp, m).
-  int InFlight(int m) const { return m < options.pp ? m : options.pp; }
+  // Waves whose activations stage s holds at once in CAD's aligned schedule,
+  // of m: min(2 (pp - s) - 1, m), where 1F1B (the baselines) holds
+  // min(pp - s, m). Every stage runs in every tick: pp - 1 forward ticks,
+  // then forward and backward ticks alternating, then pp - 1 backward ticks
+  // (the DistCA artifact's forward_backward_func.py), and backward tick j
+  // (stage s: wave j - (pp - 1 - s)) follows forward tick j + pp - 1
+  // (stage s: wave j + pp - 1 - s).
+  int CadInFlight(int m, int s = 0) const { return std::min(2 * (options.pp - s) - 1, m); }
   // The data-parallel gradient sync that closes an iteration
   // (SimOptions::grad_sync; 0 when off): on every stage at once, a ring
   // reduce-scatter of the float32 gradients (max(4, dtype_bytes) B a
@@ -217,11 +223,12 @@ std::vector<std::vector<int64_t>> SplitIntoWaves(const std::vector<int64_t>& doc
 // (the lowest index among equals); each group keeps the batch's order.
 std::vector<std::vector<int64_t>> BalanceWaves(const std::vector<int64_t>& docs, int waves);
 
-// WLB-LLM's variable-length packing: documents sorted by cost (l/L)^2 + l/L,
-// largest first, each into the bin with the smallest cost sum among those
-// with room for it under `cap` tokens (the bin with the fewest tokens when
-// none has room). Returns `bins` lists of lengths.
-std::vector<std::vector<int64_t>> WlbPack(const std::vector<int64_t>& docs, int bins, int64_t chunk, int64_t cap);
+// WLB-LLM's variable-length packing: documents longest first (by cost
+// (l/b)^2 + l/b, b the breakpoint as for WlbBalance), each into the bin with
+// the smallest cost sum among those with room for it under `cap` tokens (the
+// bin with the fewest tokens when none has room). Returns `bins` lists of
+// lengths.
+std::vector<std::vector<int64_t>> WlbPack(const std::vector<int64_t>& docs, int bins, double breakpoint, int64_t cap);
 
 // The DistCA artifact's WLB-LLM balancer (d2/planner/wlb_planner.py,
 // balance_data_for_wlbllm, run with alpha_factor 1): documents by length,

@@ -3,7 +3,7 @@
 // CP groups of c ranks, d = G / c data-parallel replicas, 1F1B. Two ways to
 // form micro-batches (SimOptions::micro_batches):
 // - chunk micro-batches (0): B micro-batches of nominal L tokens (hard cap
-//   2 L) balancing the WLB cost, assigned to the replicas by
+//   2 L) balancing the WLB cost (WlbPack), assigned to the replicas by
 //   longest-processing-time-first on their simulated time ("ideal": exact
 //   knowledge), B / d each;
 // - m per replica (the DistCA artifact's runs): the batch's documents, in
@@ -14,8 +14,8 @@
 //   WlbScope::kWholeBatch, the whole batch is repacked at once into d m bins
 //   of at most B L / (d m) tokens, bin i to replica i mod d; with
 //   kWholeBatchArtifactCap the same with the cap m times smaller, as the
-//   artifact's test_megatron_e2e_pipeline.py passes it. The balancer's
-//   workload breakpoint is where a document's attention FLOPs equal its
+//   artifact's test_megatron_e2e_pipeline.py passes it.
+// Both packers' workload breakpoint is where a document's attention FLOPs equal its
 //   linear FLOPs, l = linear FLOPs per token / (2 D Hq): 53K tokens for
 //   Llama-3-8B, 84K for Llama-34B (the artifact's scripts set 64000 and
 //   131072 by hand).
@@ -29,10 +29,10 @@ Status SimulateWlbIdeal(const SimContext& ctx, const std::vector<int64_t>& batch
   const SimOptions& o = ctx.options;
   const int64_t L = o.max_doc_len;
   const int replicas = ctx.stage_ranks / cp;
+  const double breakpoint = ctx.costs.LinearFlopsPerToken() / (2.0 * o.model.head_dim() * o.model.q_heads);
   if (o.micro_batches > 0) {
     const int m = o.micro_batches;
     const int64_t total = int64_t{o.batch_size} * L;
-    const double breakpoint = ctx.costs.LinearFlopsPerToken() / (2.0 * o.model.head_dim() * o.model.q_heads);
     const bool whole = o.wlb_scope != WlbScope::kPerMicroBatch;
     const std::vector<std::vector<int64_t>> groups =
         whole ? std::vector<std::vector<int64_t>>{batch} : SplitIntoWaves(batch, m, (total + m - 1) / m);
@@ -55,7 +55,7 @@ Status SimulateWlbIdeal(const SimContext& ctx, const std::vector<int64_t>& batch
                               cp, out);
   }
   const std::vector<CpStageCost> costs =
-      CostCpMicroBatches(ctx, WlbPack(batch, o.batch_size, L, 2 * L), cp, /*keeps_gathered_kv=*/true);
+      CostCpMicroBatches(ctx, WlbPack(batch, o.batch_size, breakpoint, 2 * L), cp, /*keeps_gathered_kv=*/true);
   std::vector<double> seconds;
   for (const CpStageCost& c : costs) seconds.push_back(c.forward + c.backward);
   return RunContextParallel(ctx, costs, AssignLpt(seconds, replicas), cp, out);

@@ -28,6 +28,13 @@ TEST(FileUtilTest, ReadTextFileReadsAndReportsFailures) {
   EXPECT_EQ(s.code(), StatusCode::kIoError) << s.ToString();
   EXPECT_NE(s.message().find("error while reading"), std::string::npos) << s.ToString();
   EXPECT_EQ(ReadTextFile((dir / "missing").string(), &got).code(), StatusCode::kIoError);
+  // An endless stream stops at the limit instead of filling memory; a
+  // regular file is not limited.
+  const Status endless = ReadTextFile("/dev/zero", &got, 1 << 20);
+  EXPECT_EQ(endless.code(), StatusCode::kOutOfRange) << endless.ToString();
+  EXPECT_NE(endless.message().find("is not a regular file and gives more than 1048576 bytes"), std::string::npos);
+  ASSERT_TRUE(ReadTextFile((dir / "a.txt").string(), &got, 16).ok());
+  EXPECT_EQ(got.size(), text.size() + 3);
   std::filesystem::remove_all(dir);
 }
 

@@ -380,6 +380,18 @@ TEST(RankCostsTest, LinearAndHead) {
   EXPECT_DOUBLE_EQ(k.ActivationBytesPerToken(), 1664.0);
 }
 
+// Fewer K/V heads than tp: each device holds a replica of one, so the rank
+// projects, keeps and moves tp heads' K/V (here 4 of 16 at tp 4, for the
+// model's 2).
+TEST(RankCostsTest, ReplicatedKvHeadsAtTpAboveKvHeads) {
+  const RankCosts k(TestModel(), TestProfile(), /*tp=*/4);
+  EXPECT_EQ(sim::RankKvHeads(TestModel(), 4), 4);
+  EXPECT_EQ(sim::RankKvHeads(TestModel(), 2), 2);
+  EXPECT_DOUBLE_EQ(k.KvBytesPerToken(), 2.0 * 4 * 16 * 2);
+  EXPECT_DOUBLE_EQ(k.LinearFlopsPerToken(), 2.0 * 64 * (128 + 2 * 64) + 6.0 * 64 * 128);
+  EXPECT_DOUBLE_EQ(k.ActivationBytesPerToken(), (12.0 * 64 + 4 * 64 + 6 * 128) * 2 / 2);
+}
+
 // With tp_collectives, a layer's forward also pays sequence parallelism's
 // two all-gathers and two reduce-scatters of the rank's T x h activations
 // over its tp devices: 4 x ((tp - 1) latency + (tp - 1) / tp x T h dt / bw).
@@ -390,8 +402,10 @@ TEST(RankCostsTest, TensorParallelCollectives) {
   p.tp_collectives = true;
   // tp 2, inside a node: 4 x (1e-6 + 1/2 x 1000 x 64 x 2 / 1e11).
   EXPECT_NEAR(RankCosts(TestModel(), p, 2).LinearForward(1000), flops / 1e12 + 4 * (1e-6 + 0.5 * 128e3 / 1e11), 1e-18);
-  // tp 4 spans two nodes: the inter-node link, 4 x (3 x 1e-5 + 3/4 x 128e3 / 1e10).
-  EXPECT_NEAR(RankCosts(TestModel(), p, 4).LinearForward(1000), flops / 2e12 + 4 * (3e-5 + 0.75 * 128e3 / 1e10), 1e-18);
+  // tp 4 spans two nodes: the inter-node link, 4 x (3 x 1e-5 + 3/4 x 128e3 / 1e10)
+  // (and 4 replicated K/V heads' projections: 81920 FLOPs per token).
+  EXPECT_NEAR(RankCosts(TestModel(), p, 4).LinearForward(1000),
+              81920.0 * 1000 / 2e12 + 4 * (3e-5 + 0.75 * 128e3 / 1e10), 1e-18);
   // One device, or no tokens: nothing to gather.
   EXPECT_DOUBLE_EQ(RankCosts(TestModel(), p, 1).LinearForward(1000), flops / 5e11);
   EXPECT_EQ(RankCosts(TestModel(), p, 2).LinearForward(0), 0.0);

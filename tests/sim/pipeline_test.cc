@@ -81,7 +81,7 @@ TEST(PackingTest, SplitIntoWavesKeepsDocumentsWhole) {
 }
 
 TEST(PackingTest, WlbPackBalancesCostUnderTheCap) {
-  // L 4: costs (l/4)^2 + l/4: 4 -> 2, 2 -> 0.75, 2 -> 0.75, 1 -> 0.3125.
+  // b 4: costs (l/4)^2 + l/4: 4 -> 2, 2 -> 0.75, 2 -> 0.75, 1 -> 0.3125.
   // 4 -> bin 0; 2 -> bin 1; 2 -> bin 1 (0.75 < 2); 1 -> bin 1 (1.5 < 2).
   const std::vector<std::vector<int64_t>> want = {{4}, {2, 2, 1}};
   EXPECT_EQ(WlbPack({2, 4, 1, 2}, 2, 4, 8), want);
@@ -89,6 +89,13 @@ TEST(PackingTest, WlbPackBalancesCostUnderTheCap) {
   // ties between them (0.75 each) and goes to the first.
   const std::vector<std::vector<int64_t>> capped = {{4}, {2, 1}, {2}};
   EXPECT_EQ(WlbPack({2, 4, 1, 2}, 3, 4, 4), capped);
+  // The breakpoint weighs attention against linear work. At b 8: 4 -> 0.75,
+  // 3 -> 0.516, 2 -> 0.3125, 1 -> 0.14: 4 -> bin 0, 3 -> bin 1, 2 -> bin 1
+  // (0.516 < 0.75), 1 -> bin 0 (0.75 < 0.83). At b 2 the 4 weighs 6 against
+  // 3.75 + 2 + 0.75 for the rest, which all go to bin 1.
+  const std::vector<std::vector<int64_t>> linear_heavy = {{4, 1}, {3, 2}}, attention_heavy = {{4}, {3, 2, 1}};
+  EXPECT_EQ(WlbPack({1, 2, 3, 4}, 2, 8, 16), linear_heavy);
+  EXPECT_EQ(WlbPack({1, 2, 3, 4}, 2, 2, 16), attention_heavy);
 }
 
 TEST(PackingTest, LongestProcessingTimeFirst) {

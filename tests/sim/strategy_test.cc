@@ -855,6 +855,37 @@ TEST(CadTest, DistcaBalancesItsWavesByTokensWithPipelineStages) {
     EXPECT_NEAR(b.memory_bytes[r] - a.memory_bytes[r], (four - 1) * 1e9 * 2 / 2, 1e-3) << r;
 }
 
+TEST(CadTest, AlignedTicksHoldTwoPipelineDepthsLessOneWaves) {
+  // pp 2, 4 waves of one 1024-token document, 512 tokens a rank. DistCA's
+  // aligned ticks (F0, F1, B0, F2, B1, F3, B2, B3 for stage 1's waves; stage
+  // 0 runs F0, F1, F2 before B0): stage 0 holds 3 waves (1F1B would hold 2),
+  // stage 1 one wave and its logits (256 x 6 B per token).
+  SimOptions o = TestOptions();
+  o.gpus = 8;
+  o.pp = 2;
+  o.batch_size = 4;
+  o.micro_batches = 4;
+  o.comm_budget = 1'000'000'000;
+  const sim::SimContext ctx(o);
+  EXPECT_EQ(ctx.CadInFlight(4), 3);
+  EXPECT_EQ(ctx.CadInFlight(4, 1), 1);
+  EXPECT_EQ(ctx.CadInFlight(2), 2);
+  const double half = double(ParameterCount(o.model)) / 2, states = half * (6 + 12.0 / 2), buffer = 1e9 * 2;
+  for (SimStrategy s : {SimStrategy::kDistca, SimStrategy::kDistcaPaper}) {
+    sim::BatchOutcome out;
+    const Status st = s == SimStrategy::kDistca ? sim::SimulateDistca(ctx, {1024, 1024, 1024, 1024}, 1, &out)
+                                                : sim::SimulateDistcaPaper(ctx, {1024, 1024, 1024, 1024}, 1, &out);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    const double copies = s == SimStrategy::kDistca ? 1 : sim::kDistcaArtifactBufferCopies;
+    for (int r : {0, 1}) {
+      const double stage0 = (states + 3 * 512 * 1664.0 + copies * buffer) / 2;
+      const double stage1 = (states + 512 * 1664.0 + 512 * 1536.0 + copies * buffer) / 2;
+      EXPECT_NEAR(out.memory_bytes[r], stage0, stage0 * kRel) << SimStrategyName(s) << r;
+      EXPECT_NEAR(out.memory_bytes[2 + r], stage1, stage1 * kRel) << SimStrategyName(s) << r;
+    }
+  }
+}
+
 TEST(CadTest, WithPipelineStagesTheFastestDegreeThatFits) {
   // 8 devices, tp 2, pp 2: G = 2 ranks per stage, B = 2 chunks of 32
   // 64-token documents (linear work dominates). CAD at c = 1 runs one wave
@@ -1079,9 +1110,45 @@ TEST(SimulateTest, RejectsBadOptionsAndBatches) {
       Contains(Simulate(o, {{4096}}, {SimStrategy::kDistca}, &r), "outside [1, batch_size x max_doc_len = 2048]"));
   // A document longer than L (a docs file's) is accepted.
   EXPECT_TRUE(Simulate(o, {{2000, 48}}, {SimStrategy::kWlbIdeal, SimStrategy::kDistca}, &r).ok());
+  // With pipeline stages CAD tries larger degrees after c_min; one whose
+  // waves leave a rank without tokens (c 2: waves {2047} and {1} for 2
+  // ranks) is skipped, not an error: c 1 runs.
+  o.gpus = 8;
+  o.pp = 2;
+  for (SimStrategy s : {SimStrategy::kDistca, SimStrategy::kDistcaPaper}) {
+    const Status st = Simulate(o, {{2047, 1}}, {s}, &r);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    EXPECT_EQ(r[0].cp, 1) << SimStrategyName(s);
+  }
+  o.gpus = 4;
+  o.pp = 1;
   EXPECT_TRUE(Contains(Simulate(o, {}, {SimStrategy::kDistca}, &r), "no batches"));
   o.hardware = HardwareProfile{};
   EXPECT_TRUE(Contains(ValidateSimOptions(o), "hardware profile is incomplete"));
+}
+
+// 2 K/V heads at tp 4: each device holds a replica of one, so the job costs
+// exactly what a model with 4 K/V heads does (weights, K/V projections,
+// all-gathers, CAD's rows, memory).
+TEST(SimulateTest, ReplicatedKvHeadsCostAsThatManyHeads) {
+  SimOptions o = TestOptions();
+  o.gpus = 8;
+  o.tp = 4;
+  o.cp = 2;  // the baselines' all-gathers
+  o.grad_sync = true;
+  SimOptions four = o;
+  four.model.kv_heads = 4;
+  EXPECT_DOUBLE_EQ(sim::SimContext(o).stage_params, sim::SimContext(four).stage_params);
+  EXPECT_GT(sim::SimContext(o).stage_params, double(ParameterCount(o.model)));
+  const std::vector<std::vector<int64_t>> batches = {{1024, 512, 512}, {2048}};
+  for (SimStrategy s :
+       {SimStrategy::kWlbIdeal, SimStrategy::kMegatron, SimStrategy::kDistcaPaper, SimStrategy::kDistca}) {
+    const SimResult a = SimulateOne(o, batches, s), b = SimulateOne(four, batches, s);
+    EXPECT_GT(a.bytes_moved, 0) << SimStrategyName(s);
+    EXPECT_DOUBLE_EQ(a.bytes_moved, b.bytes_moved) << SimStrategyName(s);
+    EXPECT_DOUBLE_EQ(a.iteration_s, b.iteration_s) << SimStrategyName(s);
+    EXPECT_DOUBLE_EQ(a.memory_max_bytes, b.memory_max_bytes) << SimStrategyName(s);
+  }
 }
 
 TEST(SimulateTest, ParsesStrategyLists) {
@@ -1169,6 +1236,11 @@ TEST(GridTest, PaperGridShapesAndCsv) {
   EXPECT_NE(script.find("set output 's.png'"), std::string::npos);
   EXPECT_NE(script.find("every 2::1 using 11:xtic(1) title 'distca'"), std::string::npos);
   EXPECT_EQ(script.find("title 'wlb-ideal'"), std::string::npos);  // the reference is the dashed line at 1
+  // A quote in a path is doubled inside gnuplot's single-quoted strings.
+  const std::string quoted =
+      SpeedupPlotScript("o'5/g.csv", "o'5/s.png", "t", {SimStrategy::kWlbIdeal, SimStrategy::kDistca});
+  EXPECT_NE(quoted.find("set output 'o''5/s.png'"), std::string::npos) << quoted;
+  EXPECT_NE(quoted.find("'o''5/g.csv' skip 1"), std::string::npos) << quoted;
 
   // The tolerance sweep's CSV and chart: eps first, the strategies in order.
   const std::string tol_header = ToleranceCsvHeader();
