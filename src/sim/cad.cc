@@ -212,7 +212,11 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
     PlanOptions po = base;
     po.ranks = plan_ranks;
     po.dedicated_servers = static_cast<int>(phys.size()) - plan_ranks;
-    const bool inter = int64_t{opt.tp} * int64_t(phys.size()) > opt.hardware.gpus_per_node;
+    // The all-to-all crosses nodes when the plan's ranks' devices (rank r:
+    // [r tp, (r + 1) tp)) are not all on one node: when its lowest and
+    // highest devices are not.
+    const auto [low, high] = std::minmax_element(phys.begin(), phys.end());
+    const bool inter = ctx.SpansNodes(int64_t{*low} * opt.tp, int64_t{*high - *low + 1} * opt.tp);
     // Each nano-batch's layout, once; DistCA's loop plans it again at every
     // tolerance it tries.
     std::vector<std::vector<PlanDocument>> layouts(parts.size());

@@ -125,8 +125,20 @@ SimContext::SimContext(const SimOptions& o) : options(o), costs(o.model, o.hardw
                                              (RankKvHeads(o.model, o.tp) - o.model.kv_heads)) /
       o.pp;
   optimizer_shards = o.distributed_optimizer ? stage_ranks : 1;
-  stage_inter_node = int64_t{o.tp} * stage_ranks > o.hardware.gpus_per_node;
+  for (int s = 0; s < o.pp; ++s)
+    stage_inter_node |= SpansNodes(int64_t{s} * stage_ranks * o.tp, int64_t{stage_ranks} * o.tp);
   pipeline_inter_node = o.gpus > o.hardware.gpus_per_node;
+  cp_inter_node_.assign(stage_ranks + 1, 0);
+  for (int c = 1; c <= stage_ranks; ++c) {
+    if (stage_ranks % c != 0) continue;
+    for (int64_t g = 0; g < int64_t{o.pp} * (stage_ranks / c) && !cp_inter_node_[c]; ++g)
+      cp_inter_node_[c] = SpansNodes(g * c * o.tp, int64_t{c} * o.tp);
+  }
+}
+
+bool SimContext::SpansNodes(int64_t first, int64_t count) const {
+  const int64_t node = options.hardware.gpus_per_node;
+  return count > 0 && first / node != (first + count - 1) / node;
 }
 
 int SimContext::MicroBatchesPerReplica(int c) const {

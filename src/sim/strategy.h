@@ -23,13 +23,22 @@ struct SimContext {
   int stage_layers = 0;      // layers per pipeline stage
   double stage_params = 0;   // ParameterCount / pp
   int optimizer_shards = 1;  // G with the distributed optimizer, else 1
-  // A stage's ranks span nodes (tp * G > gpus_per_node): its all-to-all runs
-  // at the inter-node bandwidth.
+  // Some stage's ranks span nodes (its devices do not all sit on one node):
+  // the gradient sync runs at the inter-node bandwidth.
   bool stage_inter_node = false;
   // The pipeline spans nodes: stage-to-stage messages cross them.
   bool pipeline_inter_node = false;
-  // A CP group of c ranks spans nodes.
-  bool CpInterNode(int c) const { return int64_t{c} * options.tp > options.hardware.gpus_per_node; }
+  // Some CP group of c ranks (consecutive ranks of a stage) spans nodes: the
+  // baselines' rings run at the inter-node bandwidth (every replica waits for
+  // the slowest). Rank r occupies devices [r tp, (r + 1) tp).
+  bool CpInterNode(int c) const { return c > 0 && c < int(cp_inter_node_.size()) && cp_inter_node_[c]; }
+  // Devices [first, first + count) do not all sit on one node.
+  bool SpansNodes(int64_t first, int64_t count) const;
+
+ private:
+  std::vector<char> cp_inter_node_;  // by c, for the c dividing G
+
+ public:
   // Micro-batches each of the G / c data-parallel replicas runs at CP degree
   // c: chunks B c / G (CAD: waves of G / c chunks), or options.micro_batches
   // when set. 0 when c does not divide G or, with chunk micro-batches, G / c

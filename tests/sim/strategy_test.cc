@@ -1151,6 +1151,41 @@ TEST(SimulateTest, ReplicatedKvHeadsCostAsThatManyHeads) {
   }
 }
 
+// Whether a CP group or a stage crosses nodes depends on where its devices
+// sit, not only on its size: with 4 GPUs per node and tp 1, the group of
+// ranks {3, 4, 5} spans two nodes though 3 devices fit on one.
+TEST(SimulateTest, GroupsThatStraddleNodesRunOnTheInterNodeLink) {
+  SimOptions o = TestOptions();
+  o.hardware.gpus_per_node = 4;
+  o.tp = 1;
+  o.gpus = 6;
+  const sim::SimContext flat(o);  // G 6: nodes {0-3}, {4, 5}
+  EXPECT_FALSE(flat.CpInterNode(1));
+  EXPECT_FALSE(flat.CpInterNode(2));  // {0,1} {2,3} {4,5}
+  EXPECT_TRUE(flat.CpInterNode(3));   // {3,4,5}
+  EXPECT_TRUE(flat.CpInterNode(6));
+  EXPECT_TRUE(flat.stage_inter_node);
+  o.pp = 2;
+  const sim::SimContext piped(o);  // G 3: stage 0 on devices 0-2, stage 1 on 3-5
+  EXPECT_FALSE(piped.CpInterNode(1));
+  EXPECT_TRUE(piped.CpInterNode(3));  // stage 1's group
+  EXPECT_TRUE(piped.stage_inter_node);
+  o.gpus = 4;
+  o.pp = 1;
+  const sim::SimContext one_node(o);
+  EXPECT_FALSE(one_node.CpInterNode(4));
+  EXPECT_FALSE(one_node.stage_inter_node);
+  // The ring's time follows: cp 3 pays the inter-node link, cp 2 does not.
+  o.gpus = 6;
+  o.batch_size = 6;
+  std::vector<SimResult> r2, r3;
+  o.cp = 2;
+  ASSERT_TRUE(Simulate(o, {std::vector<int64_t>(6, 1024)}, {SimStrategy::kWlbIdeal}, &r2).ok());
+  o.cp = 3;
+  ASSERT_TRUE(Simulate(o, {std::vector<int64_t>(6, 1024)}, {SimStrategy::kWlbIdeal}, &r3).ok());
+  EXPECT_GT(r3[0].breakdown.forward_comm_s, 5 * r2[0].breakdown.forward_comm_s);
+}
+
 TEST(SimulateTest, ParsesStrategyLists) {
   std::vector<SimStrategy> s;
   ASSERT_TRUE(ParseSimStrategies("distca,wlb-ideal", &s).ok());
