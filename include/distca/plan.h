@@ -211,9 +211,9 @@ struct Plan {
   PlanPolicy policy = PlanPolicy::kDistca;
   PlanModel model;
   double tolerance_used = 0.0;  // eps the plan was built with (after any comm-budget raises)
-  // kDistca: whether max load <= (1 + tolerance_used) * mean was reached. When
-  // false the bound is not achievable at block granularity as far as the
-  // planner could establish (docs/planner.md).
+  // Whether max load <= (1 + tolerance_used) * mean was reached. Only kDistca
+  // aims at it; there false says the bound is not achievable at block
+  // granularity as far as the planner could establish (docs/planner.md).
   bool bound_met = true;
   std::vector<PlanDocument> documents;
   std::vector<PlanTask> tasks;

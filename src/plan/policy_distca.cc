@@ -210,6 +210,7 @@ class DistcaPlanner {
   // Scratch space reused across calls of the hot loop (no allocation per move).
   std::vector<std::pair<double, int>> scratch_kept_;
   std::vector<int> scratch_top_, scratch_holders_, scratch_candidates_;
+  std::vector<Move> scratch_moves_;
 };
 
 int64_t DistcaPlanner::HeldRows(int doc, int server, int64_t a, int64_t b) const {
@@ -330,8 +331,9 @@ Move DistcaPlanner::DonorBest(int donor) {
       mine.end());
   std::sort(mine.begin(), mine.end(), [&](int a, int b) { return plan_.tasks[a].q_end > plan_.tasks[b].q_end; });
   constexpr size_t kScored = 3;
-  Move best;
-  for (size_t n = 0; n < mine.size() && (n < kScored || !best.valid); ++n) {
+  std::vector<Move>& moves = scratch_moves_;
+  moves.clear();
+  for (size_t n = 0; n < mine.size() && (n < kScored || moves.empty()); ++n) {
     const PlanTask& t = plan_.tasks[mine[n]];
     // Servers that already have some of the document's K/V (moves there
     // save its prefix bytes): the kHolders with the most room. A document
@@ -364,14 +366,16 @@ Move DistcaPlanner::DonorBest(int donor) {
         blank_load = load_[r];
       }
       const Move m = BestMove(mine[n], r, need);
-      if (!m.valid) continue;
-      // Among moves within 2% of the best bytes per unit, take the larger
-      // one: fewer, longer tasks.
-      if (!best.valid || m.score < 0.98 * best.score ||
-          (m.score <= best.score * 1.02 && m.receiver_add > best.receiver_add))
-        best = m;
+      if (m.valid) moves.push_back(m);
     }
   }
+  // Among the moves within 2% of the fewest bytes per unit, the largest:
+  // fewer, longer tasks (the first of equals).
+  Move best;
+  double least = std::numeric_limits<double>::infinity();
+  for (const Move& m : moves) least = std::min(least, m.score);
+  for (const Move& m : moves)
+    if (m.score <= least * 1.02 && (!best.valid || m.receiver_add > best.receiver_add)) best = m;
   return best;
 }
 
@@ -390,7 +394,10 @@ void DistcaPlanner::Apply(const Move& m) {
   load_[m.server] += m.receiver_add;
   KvState& kv = AddKv(t.doc, m.server);
   kv.sent_end = std::max(kv.sent_end, m.z);
-  if (cap_ - load_[m.server] > 0) receivers_.push({cap_ - load_[m.server], m.server});
+  // Both ends' rooms changed: a donor whose move overshot the cap has room
+  // now and receives like any server below the cap.
+  for (int s : {m.server, donor})
+    if (cap_ - load_[s] > 0) receivers_.push({cap_ - load_[s], s});
 }
 
 // Local improvement: move whole chunks that sit away from home to another
@@ -473,7 +480,8 @@ void DistcaPlanner::Relocate() {
       here.erase(std::find(here.begin(), here.end(), t.q_end));
       load_[t.server] -= w;
       load_[best] += w;
-      if (cap_ - load_[t.server] > 0) receivers_.push({cap_ - load_[t.server], t.server});
+      for (int s : {t.server, best})
+        if (cap_ - load_[s] > 0) receivers_.push({cap_ - load_[s], s});
       plan_.tasks[i].server = best;
       improved = true;
     }

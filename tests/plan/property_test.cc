@@ -89,10 +89,11 @@ void CheckCase(const Case& c, std::map<std::string, Tally>* tallies) {
     ASSERT_TRUE(valid.ok()) << c.family << " " << PlanPolicyName(policy) << ": " << valid.ToString();
     Tally& t = (*tallies)[PlanPolicyName(policy)];
     ++t.plans;
-    if (policy != PlanPolicy::kDistca) continue;
     const double cap = (1 + o.tolerance) * plan.stats.load_mean;
     const bool within = plan.stats.load_max <= cap * (1 + 1e-9);
-    EXPECT_EQ(plan.bound_met, within) << c.family << ": bound_met must say whether max <= (1 + eps) * mean";
+    EXPECT_EQ(plan.bound_met, within) << c.family << " " << PlanPolicyName(policy)
+                                      << ": bound_met must say whether max <= (1 + eps) * mean";
+    if (policy != PlanPolicy::kDistca) continue;
     switch (Oracle(colocated, cost, o.tolerance)) {
       case Achievable::kYes:
         ++t.bound_checked;
