@@ -99,6 +99,8 @@ Status ValidateTasks(const Plan& plan) {
 bool SameLoad(double a, double b) { return std::abs(a - b) <= 1e-9 * std::max({1.0, std::abs(a), std::abs(b)}); }
 
 Status ValidateWithLayout(const Plan& plan, const CostModel& cost, bool even) {
+  // The shape's bounds first: the layout check allocates per rank.
+  DISTCA_RETURN_IF_ERROR(plan::CheckPlanShape(plan.ranks, plan.dedicated_servers, plan.model));
   DISTCA_RETURN_IF_ERROR(ValidateLayout(plan, even));
   DISTCA_RETURN_IF_ERROR(ValidateTasks(plan));
   // Every task's KV prefix [0, q_end) is accounted for by ComputePlanStats,

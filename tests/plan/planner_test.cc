@@ -3,6 +3,7 @@
 
 #include <array>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <numeric>
 
@@ -232,6 +233,17 @@ TEST(StatsTest, HandCountedTrafficInDistcasNoResendFormat) {
   ASSERT_TRUE(ParsePlanWire("distca-artifact-no-resend", &wire).ok());
   EXPECT_EQ(wire, PlanWire::kDistcaArtifactNoResend);
   EXPECT_STREQ(PlanWireName(wire), "distca-artifact-no-resend");
+}
+
+// A hand-built plan's shape is bounded before anything is sized by it.
+TEST(ValidateTest, HugeRankCountsAreRefusedBeforeAllocating) {
+  Plan p;
+  p.ranks = std::numeric_limits<int>::max();
+  const CostModel cost = CostModel::Flops(p.model);
+  for (const Status& s : {ValidatePlan(p, cost), ValidatePlanForLayout(p, cost), ValidatePlanStructure(p)}) {
+    EXPECT_EQ(s.code(), StatusCode::kOutOfRange) << s.ToString();
+    EXPECT_NE(s.message().find("above the limit"), std::string::npos) << s.ToString();
+  }
 }
 
 TEST(ValidateTest, AcceptsTheHandPlanAndCatchesEveryBreak) {
