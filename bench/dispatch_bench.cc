@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <thread>
 
 #include "common/timer.h"
 #include "distca/pingpong.h"
@@ -96,12 +97,35 @@ class GemmStack : public LayerCallbacks {
   std::vector<std::vector<float>> x_, qkv_, tmp_;
 };
 
+// One rank's figures for one batch. Bytes are what the rank sent (every
+// byte is sent by one rank and received by another: summed over ranks, the
+// bytes that crossed).
 struct CaseResult {
-  int64_t bytes_moved = 0, bytes_planned = 0;
-  double comm_seconds = 0, comm_bytes = 0;
-  double exposed_fraction[2] = {0, 0};  // [serial, ping-pong]
+  int64_t bytes_sent = 0, bytes_planned = 0;
+  double exchange_seconds = 0, exchange_bytes = 0;  // the isolated exchange: best time, bytes sent
+  // [serial, ping-pong]: medians over the repetitions.
   double step_seconds[2] = {0, 0};
+  double exposed_fraction[2] = {0, 0};
+  double busy_seconds[2] = {0, 0};  // the rank's compute thread's CPU time
 };
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n == 0 ? 0.0 : n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Every rank's result on rank 0 (the others get their own only).
+Status GatherResults(Comm& comm, const CaseResult& mine, std::vector<CaseResult>* all) {
+  const int n = comm.size();
+  std::vector<int64_t> send(size_t(n), 0), recv(size_t(n), 0);
+  send[0] = sizeof(CaseResult);
+  if (comm.rank() == 0) std::fill(recv.begin(), recv.end(), int64_t{sizeof(CaseResult)});
+  all->assign(size_t(comm.rank() == 0 ? n : 1), CaseResult{});
+  DISTCA_RETURN_IF_ERROR(comm.Alltoallv(&mine, send, all->data(), recv));
+  if (comm.rank() != 0) (*all)[0] = mine;
+  return Status::Ok();
+}
 
 }  // namespace
 
@@ -114,6 +138,10 @@ bool RunDispatchBench(const DispatchBenchOptions& o, std::string* error) {
   }
   const int layers = o.short_mode ? 2 : 4;
   const int batches = o.short_mode ? 1 : 3;
+  // Serial and ping-pong alternate which runs first; each repetition runs
+  // both, after one untimed pass of each (first GEMM calls, first large
+  // transfers).
+  const int reps = o.short_mode ? 1 : 3;
   const int64_t tokens_per_rank = o.short_mode ? 4096 : 16384;
   nlohmann::json records = nlohmann::json::array();
   CommOptions co;
@@ -122,9 +150,11 @@ bool RunDispatchBench(const DispatchBenchOptions& o, std::string* error) {
   int ranks = 0;
   Tracer tracer;  // shared by the local backend's rank threads
   s = RunOnRanks(co, [&](Comm& comm) -> Status {
-    omp_set_num_threads(1);  // one core per rank
-    backend = comm.backend();
-    ranks = comm.size();
+    omp_set_num_threads(1);  // one thread per rank
+    if (comm.rank() == 0) {
+      backend = comm.backend();
+      ranks = comm.size();
+    }
     for (int b = 0; b < batches; ++b) {
       // Pretrain recipe, lengths scaled down to this machine's token budget.
       WorkloadRecipe r;
@@ -149,7 +179,9 @@ bool RunDispatchBench(const DispatchBenchOptions& o, std::string* error) {
         DISTCA_RETURN_IF_ERROR(BuildPlan(lengths, po, cost, &plans.back()));
       }
       CaseResult result;
-      for (int variant = 0; variant < 2; ++variant) {
+      std::vector<double> step[2], exposed[2], busy[2];
+      // One pass of a variant; `timed` records it.
+      auto pass = [&](int variant, bool timed, bool traced) -> Status {
         PingPongOptions eo;
         eo.layers = layers;
         eo.ping_pong = variant == 1;
@@ -157,25 +189,40 @@ bool RunDispatchBench(const DispatchBenchOptions& o, std::string* error) {
         eo.dispatch.kv_heads = kHkv;
         eo.dispatch.head_dim = kDim;
         eo.dispatch.exec.num_threads = 1;
-        if (!o.trace_file.empty() && b == 0 && variant == 1) eo.tracer = &tracer;
+        if (traced) eo.tracer = &tracer;
         std::unique_ptr<PingPongExecutor> ex;
         DISTCA_RETURN_IF_ERROR(PingPongExecutor::Create(&comm, plans, eo, &ex));
         GemmStack stack(*ex, layers);
         DISTCA_RETURN_IF_ERROR(comm.Barrier());
+        const double cpu0 = ThreadCpuSeconds();
         WallTimer t;
         DISTCA_RETURN_IF_ERROR(ex->Forward(stack));
         DISTCA_RETURN_IF_ERROR(ex->Backward(stack));
-        const double step = t.Seconds();
-        result.step_seconds[variant] = step;
-        result.exposed_fraction[variant] = ex->exposed_comm_seconds() / step;
-        if (variant == 0) {
-          // Bytes: what moved (all layers) against the plans' per-rank estimate.
+        const double seconds = t.Seconds(), cpu = ThreadCpuSeconds() - cpu0;
+        if (!timed) return Status::Ok();
+        step[variant].push_back(seconds);
+        exposed[variant].push_back(ex->exposed_comm_seconds() / seconds);
+        busy[variant].push_back(cpu);
+        if (variant == 0 && step[0].size() == 1) {
+          // Bytes: what this rank sent (all layers) against the plans' count.
           for (int n = 0; n < 2; ++n) {
-            result.bytes_moved += ex->dispatcher(n).traffic().sent + ex->dispatcher(n).traffic().received;
-            result.bytes_planned +=
-                layers * (plans[n].stats.traffic.sent[comm.rank()] + plans[n].stats.traffic.received[comm.rank()]);
+            result.bytes_sent += ex->dispatcher(n).traffic().sent;
+            result.bytes_planned += layers * plans[n].stats.traffic.sent[comm.rank()];
           }
         }
+        return Status::Ok();
+      };
+      for (int variant = 0; variant < 2; ++variant) DISTCA_RETURN_IF_ERROR(pass(variant, false, false));
+      for (int rep = 0; rep < reps; ++rep)
+        for (int i = 0; i < 2; ++i) {
+          const int variant = rep % 2 == 0 ? i : 1 - i;
+          const bool traced = !o.trace_file.empty() && b == 0 && variant == 1 && step[1].empty();
+          DISTCA_RETURN_IF_ERROR(pass(variant, true, traced));
+        }
+      for (int v = 0; v < 2; ++v) {
+        result.step_seconds[v] = Median(step[v]);
+        result.exposed_fraction[v] = Median(exposed[v]);
+        result.busy_seconds[v] = Median(busy[v]);
       }
       {
         // Exchange rate in isolation: after a barrier every rank packs and
@@ -190,56 +237,58 @@ bool RunDispatchBench(const DispatchBenchOptions& o, std::string* error) {
         const int64_t rows = disp->local_tokens();
         std::vector<float> q(size_t(rows * kHidden), 0.1f), kv(size_t(rows * kKvWidth), 0.1f);
         std::vector<float> out(q.size()), lse(size_t(rows * kHq));
-        result.comm_seconds = 1e30;
+        result.exchange_seconds = 1e30;
         for (int rep = 0; rep < 3; ++rep) {
           AttentionContext ctx;
           DISTCA_RETURN_IF_ERROR(comm.Barrier());
+          const int64_t sent0 = disp->traffic().sent;
           WallTimer t;
           DISTCA_RETURN_IF_ERROR(disp->StartForward(comm, q.data(), kv.data(), kv.data(), &ctx));
-          const double bytes = double(AttentionDispatcher::PendingTransferBytes(&ctx));
           DISTCA_RETURN_IF_ERROR(AttentionDispatcher::WaitTransfer(&ctx));
-          result.comm_seconds = std::min(result.comm_seconds, t.Seconds());
-          result.comm_bytes = bytes;
+          result.exchange_seconds = std::min(result.exchange_seconds, t.Seconds());
+          result.exchange_bytes = double(disp->traffic().sent - sent0);
           DISTCA_RETURN_IF_ERROR(disp->ServeForward(comm, &ctx));
           DISTCA_RETURN_IF_ERROR(disp->FinishForward(comm, out.data(), lse.data(), &ctx));
         }
       }
-      if (result.bytes_moved != result.bytes_planned)
-        return Status::Internal(fmt::format("rank {} moved {} bytes, the plans say {}", comm.rank(), result.bytes_moved,
+      if (result.bytes_sent != result.bytes_planned)
+        return Status::Internal(fmt::format("rank {} sent {} bytes, the plans say {}", comm.rank(), result.bytes_sent,
                                             result.bytes_planned));
-      // Gather per-rank figures (allreduce of one slot per rank). The exposed
-      // fractions and the exchange time are the slowest rank's; the exchange
-      // rate is all ranks' bytes over that time.
-      std::vector<float> v(size_t(comm.size()) * 5, 0.0f);
-      float* mine = v.data() + comm.rank() * 5;
-      mine[0] = float(result.bytes_moved) * 1e-6f;
-      mine[1] = float(result.comm_seconds);
-      mine[2] = float(result.comm_bytes) * 1e-6f;
-      mine[3] = float(result.exposed_fraction[0]);
-      mine[4] = float(result.exposed_fraction[1]);
-      DISTCA_RETURN_IF_ERROR(comm.AllreduceSum(v.data(), int64_t(v.size())));
+      std::vector<CaseResult> all;
+      DISTCA_RETURN_IF_ERROR(GatherResults(comm, result, &all));
       if (!o.trace_file.empty() && b == 0 && std::string(comm.backend()) == "mpi")
         DISTCA_RETURN_IF_ERROR(tracer.WriteChromeJson(
             comm.rank() == 0 ? o.trace_file : fmt::format("{}.rank{}", o.trace_file, comm.rank())));
       if (comm.rank() != 0) continue;
-      double moved_mb = 0, comm_s = 0, comm_mb = 0, exposed_serial = 0, exposed_pp = 0;
-      for (int p = 0; p < comm.size(); ++p) {
-        moved_mb += v[p * 5];
-        comm_s = std::max(comm_s, double(v[p * 5 + 1]));
-        comm_mb += double(v[p * 5 + 2]);
-        exposed_serial = std::max(exposed_serial, double(v[p * 5 + 3]));
-        exposed_pp = std::max(exposed_pp, double(v[p * 5 + 4]));
+      // Bytes summed over ranks; the exchange rate is all ranks' bytes over
+      // the slowest rank's time; times and fractions are the slowest rank's.
+      int64_t sent = 0;
+      double exchange_s = 0, exchange_bytes = 0, step_s[2] = {0, 0}, exposed_f[2] = {0, 0}, busy_s[2] = {0, 0};
+      for (const CaseResult& c : all) {
+        sent += c.bytes_sent;
+        exchange_s = std::max(exchange_s, c.exchange_seconds);
+        exchange_bytes += c.exchange_bytes;
+        for (int v = 0; v < 2; ++v) {
+          step_s[v] = std::max(step_s[v], c.step_seconds[v]);
+          exposed_f[v] = std::max(exposed_f[v], c.exposed_fraction[v]);
+          busy_s[v] = std::max(busy_s[v], c.busy_seconds[v]);
+        }
       }
       records.push_back({{"backend", backend},
                          {"ranks", comm.size()},
+                         {"ranks_per_core", double(comm.size()) / std::max(1u, std::thread::hardware_concurrency())},
                          {"batch", b},
                          {"layers", layers},
+                         {"repetitions", reps},
                          {"tokens_per_rank", tokens_per_rank},
-                         {"bytes_moved", int64_t(moved_mb * 1e6)},
-                         {"bytes_planned", int64_t(moved_mb * 1e6)},  // equal on every rank, checked above
-                         {"gbytes_per_s", comm_s > 0 ? comm_mb * 1e-3 / comm_s : 0.0},
-                         {"exposed_comm_fraction_serial", exposed_serial},
-                         {"exposed_comm_fraction_pingpong", exposed_pp}});
+                         {"bytes_sent", sent},
+                         {"gbytes_per_s", exchange_s > 0 ? exchange_bytes * 1e-9 / exchange_s : 0.0},
+                         {"step_s_serial", step_s[0]},
+                         {"step_s_pingpong", step_s[1]},
+                         {"busy_s_serial", busy_s[0]},
+                         {"busy_s_pingpong", busy_s[1]},
+                         {"exposed_comm_fraction_serial", exposed_f[0]},
+                         {"exposed_comm_fraction_pingpong", exposed_f[1]}});
     }
     return Status::Ok();
   });
@@ -260,17 +309,21 @@ bool RunDispatchBench(const DispatchBenchOptions& o, std::string* error) {
     return true;
   }
   fmt::print(
-      "distca-bench dispatch: {} backend, {} ranks, {} layers, {} tokens per rank, heads {}x{}, head_dim {};\n"
-      "synthetic layers of real GEMMs (hidden {}, MLP {}); one core per rank\n\n",
-      backend, ranks, layers, tokens_per_rank, kHq, kHkv, kDim, kHidden, kFfn);
-  fmt::print("{:>5} {:>14} {:>10} {:>22} {:>22}\n", "batch", "bytes moved", "GB/s", "exposed comm, serial",
-             "exposed comm, ping-pong");
+      "distca-bench dispatch: {} backend, {} ranks ({:.1f} per core), {} layers, {} tokens per rank, heads {}x{}, "
+      "head_dim {};\nsynthetic layers of real GEMMs (hidden {}, MLP {}), one thread per rank; medians of {} "
+      "repetitions, serial and ping-pong alternating; slowest rank\n\n",
+      backend, ranks, records[0]["ranks_per_core"].get<double>(), layers, tokens_per_rank, kHq, kHkv, kDim, kHidden,
+      kFfn, reps);
+  fmt::print("{:>5} {:>12} {:>7} {:>17} {:>17} {:>17}\n", "batch", "bytes sent", "GB/s", "step s ser / pp",
+             "busy s ser / pp", "exposed ser / pp");
   for (const auto& r : records) {
-    fmt::print("{:>5} {:>12.1f}MB {:>10.2f} {:>22.3f} {:>22.3f}\n", r["batch"].get<int>(),
-               r["bytes_moved"].get<double>() * 1e-6, r["gbytes_per_s"].get<double>(),
-               r["exposed_comm_fraction_serial"].get<double>(), r["exposed_comm_fraction_pingpong"].get<double>());
+    fmt::print("{:>5} {:>10.1f}MB {:>7.2f} {:>8.3f} / {:<6.3f} {:>8.3f} / {:<6.3f} {:>8.3f} / {:<6.3f}\n",
+               r["batch"].get<int>(), r["bytes_sent"].get<double>() * 1e-6, r["gbytes_per_s"].get<double>(),
+               r["step_s_serial"].get<double>(), r["step_s_pingpong"].get<double>(), r["busy_s_serial"].get<double>(),
+               r["busy_s_pingpong"].get<double>(), r["exposed_comm_fraction_serial"].get<double>(),
+               r["exposed_comm_fraction_pingpong"].get<double>());
   }
-  fmt::print("\nbytes moved equal the planner's estimate on every rank (checked)\n");
+  fmt::print("\nbytes sent equal the planner's count on every rank (checked)\n");
   return true;
 }
 

@@ -152,7 +152,7 @@ def main():
                 v = [float(r[name]["distca-paper"]["speedup"]) for r in runs]
                 lo, hi = (lo8, hi8) if s["wlb-ideal"]["model"] == "llama3-8b" else (lo34, hi34)
                 spread.append(max(v) - min(v))
-                inside += in_range([max(v)], lo, hi) > 0 or in_range([min(v)], lo, hi) > 0
+                inside += in_range(v, lo, hi) > 0
                 print(f"- {which} {name}: {min(v):.3f}-{max(v):.3f}")
             print(f"- {which}: spread {min(spread):.3f}-{max(spread):.3f} (median {statistics.median(spread):.3f}); "
                   f"{inside} of {len(spread)} configurations reach their range at some seed")

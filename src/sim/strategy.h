@@ -21,7 +21,7 @@ struct SimContext {
   RankCosts costs;
   int stage_ranks = 0;       // G = gpus / (tp * pp)
   int stage_layers = 0;      // layers per pipeline stage
-  double stage_params = 0;   // ParameterCount / pp
+  double stage_params = 0;   // ParameterCount (with replicated K/V projections, RankKvHeads) / pp
   int optimizer_shards = 1;  // G with the distributed optimizer, else 1
   // Some stage's ranks span nodes (its devices do not all sit on one node):
   // the gradient sync runs at the inter-node bandwidth.
@@ -69,7 +69,7 @@ struct SimContext {
 // gradients and the optimizer sharded over the stage's G ranks, the
 // communication buffer (buffer_copies x comm_budget per device when set,
 // else 0: unknown before planning), and the larger of the first stage's activations
-// (CadRankTokens(c) tokens per wave, min(pp, m) waves in flight) and the last
+// (CadRankTokens(c) tokens per wave, CadInFlight(m) waves in flight) and the last
 // stage's (one wave and its logits).
 double CadMemoryBytes(const SimContext& ctx, int c, int buffer_copies = 1);
 // The linear layout of one CAD plan in a tick: stage_docs[a], the documents

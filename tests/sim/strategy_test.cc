@@ -857,9 +857,10 @@ TEST(CadTest, DistcaBalancesItsWavesByTokensWithPipelineStages) {
 
 TEST(CadTest, AlignedTicksHoldTwoPipelineDepthsLessOneWaves) {
   // pp 2, 4 waves of one 1024-token document, 512 tokens a rank. DistCA's
-  // aligned ticks (F0, F1, B0, F2, B1, F3, B2, B3 for stage 1's waves; stage
-  // 0 runs F0, F1, F2 before B0): stage 0 holds 3 waves (1F1B would hold 2),
-  // stage 1 one wave and its logits (256 x 6 B per token).
+  // aligned ticks: stage 0 runs F0 F1 F2 B0 F3 B1 B2 B3 (its first
+  // steady-state backward a dummy), stage 1 F0 B0 F1 B1 F2 B2 F3 B3: stage 0
+  // holds 3 waves (1F1B would hold 2), stage 1 one wave and its logits (256
+  // x 6 B per token).
   SimOptions o = TestOptions();
   o.gpus = 8;
   o.pp = 2;
@@ -1184,6 +1185,39 @@ TEST(SimulateTest, GroupsThatStraddleNodesRunOnTheInterNodeLink) {
   o.cp = 3;
   ASSERT_TRUE(Simulate(o, {std::vector<int64_t>(6, 1024)}, {SimStrategy::kWlbIdeal}, &r3).ok());
   EXPECT_GT(r3[0].breakdown.forward_comm_s, 5 * r2[0].breakdown.forward_comm_s);
+}
+
+// wlb-ideal's chunk micro-batches weigh attention against linear work at
+// the model's breakpoint (576 tokens for the test model: 73728 linear FLOPs a
+// token over 2 x 16 x 4), as the artifact's balancer does, not at L (1024).
+// Here the two pack the batch into micro-batches of at most 1223 and 1127
+// tokens (with L: {778, 143} and {489, 367, 224, 47}); the memory check sees
+// the larger micro-batch.
+TEST(SimulateTest, WlbPackingUsesTheModelsBreakpoint) {
+  SimOptions o = TestOptions();
+  o.cp = 1;  // 2 replicas of one micro-batch each
+  const std::vector<int64_t> batch = {778, 143, 47, 367, 224, 489};
+  const sim::SimContext ctx(o);
+  EXPECT_DOUBLE_EQ(ctx.costs.LinearFlopsPerToken() / (2.0 * o.model.head_dim() * o.model.q_heads), 576.0);
+  const std::vector<std::vector<int64_t>> at_breakpoint = sim::WlbPack(batch, 2, 576, 2048);
+  const std::vector<std::vector<int64_t>> at_l = sim::WlbPack(batch, 2, 1024, 2048);
+  auto largest = [](const std::vector<std::vector<int64_t>>& bins) {
+    int64_t most = 0;
+    for (const auto& b : bins) most = std::max(most, std::accumulate(b.begin(), b.end(), int64_t{0}));
+    return most;
+  };
+  ASSERT_EQ(largest(at_breakpoint), 1223);
+  ASSERT_EQ(largest(at_l), 1127);
+  auto memory = [&](double tokens) {
+    sim::MemoryInput mem;
+    mem.stage_params = ctx.stage_params;
+    mem.optimizer_shards = ctx.optimizer_shards;
+    mem.activation_tokens = tokens * ctx.stage_layers;
+    mem.logits_tokens = tokens;
+    return sim::DeviceMemoryBytes(ctx.costs, mem);
+  };
+  const SimResult r = SimulateOne(o, {batch}, SimStrategy::kWlbIdeal);
+  EXPECT_NEAR(r.memory_max_bytes, memory(1223), memory(1223) * 1e-12);
 }
 
 TEST(SimulateTest, ParsesStrategyLists) {
