@@ -8,6 +8,7 @@
 #include <random>
 #include <thread>
 
+#include "bench/median.h"
 #include "common/timer.h"
 #include "distca/pingpong.h"
 #include "distca/workload.h"
@@ -108,24 +109,6 @@ struct CaseResult {
   double exposed_fraction[2] = {0, 0};
   double busy_seconds[2] = {0, 0};  // the rank's compute thread's CPU time
 };
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n == 0 ? 0.0 : n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-// Every rank's result on rank 0 (the others get their own only).
-Status GatherResults(Comm& comm, const CaseResult& mine, std::vector<CaseResult>* all) {
-  const int n = comm.size();
-  std::vector<int64_t> send(size_t(n), 0), recv(size_t(n), 0);
-  send[0] = sizeof(CaseResult);
-  if (comm.rank() == 0) std::fill(recv.begin(), recv.end(), int64_t{sizeof(CaseResult)});
-  all->assign(size_t(comm.rank() == 0 ? n : 1), CaseResult{});
-  DISTCA_RETURN_IF_ERROR(comm.Alltoallv(&mine, send, all->data(), recv));
-  if (comm.rank() != 0) (*all)[0] = mine;
-  return Status::Ok();
-}
 
 }  // namespace
 
@@ -255,7 +238,7 @@ bool RunDispatchBench(const DispatchBenchOptions& o, std::string* error) {
         return Status::Internal(fmt::format("rank {} sent {} bytes, the plans say {}", comm.rank(), result.bytes_sent,
                                             result.bytes_planned));
       std::vector<CaseResult> all;
-      DISTCA_RETURN_IF_ERROR(GatherResults(comm, result, &all));
+      DISTCA_RETURN_IF_ERROR(GatherToRoot(comm, result, &all));
       if (!o.trace_file.empty() && b == 0 && std::string(comm.backend()) == "mpi")
         DISTCA_RETURN_IF_ERROR(tracer.WriteChromeJson(
             comm.rank() == 0 ? o.trace_file : fmt::format("{}.rank{}", o.trace_file, comm.rank())));

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
+#include "bench/median.h"
 #include "distca/train.h"
 
 namespace distca::bench {
@@ -20,12 +21,6 @@ Status ColocatedWorkRatio(const std::vector<int64_t>& lengths, int ranks, const 
   DISTCA_RETURN_IF_ERROR(BuildPlan(lengths, po, CostModel::Flops(po.model), &plan));
   *ratio = plan.stats.load_min > 0 ? plan.stats.load_max / plan.stats.load_min : 1e9;
   return Status::Ok();
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n == 0 ? 0.0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 struct Run {

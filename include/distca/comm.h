@@ -22,11 +22,14 @@
 //     thread owns all calls of its rank's Comm).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <span>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 #include "distca/status.h"
 
@@ -98,6 +101,21 @@ class Comm {
   Status CheckTag(int tag) const;
   Status CheckCounts(std::span<const int64_t> send_counts, std::span<const int64_t> recv_counts) const;
 };
+
+// Every rank's `mine` on rank 0, in rank order (one Alltoallv); every other
+// rank gets only its own. T is trivially copyable (sent as bytes).
+template <typename T>
+Status GatherToRoot(Comm& comm, const T& mine, std::vector<T>* all) {
+  static_assert(std::is_trivially_copyable_v<T>, "GatherToRoot sends T as bytes");
+  const int n = comm.size();
+  std::vector<int64_t> send(size_t(n), 0), recv(size_t(n), 0);
+  send[0] = sizeof(T);
+  if (comm.rank() == 0) std::fill(recv.begin(), recv.end(), int64_t{sizeof(T)});
+  all->assign(size_t(comm.rank() == 0 ? n : 1), T{});
+  DISTCA_RETURN_IF_ERROR(comm.Alltoallv(&mine, send, all->data(), recv));
+  if (comm.rank() != 0) (*all)[0] = mine;
+  return Status::Ok();
+}
 
 // The most ranks the local backend runs (one thread each, in one process).
 inline constexpr int kMaxLocalRanks = 1024;

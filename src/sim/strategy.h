@@ -34,11 +34,6 @@ struct SimContext {
   bool CpInterNode(int c) const { return c > 0 && c < int(cp_inter_node_.size()) && cp_inter_node_[c]; }
   // Devices [first, first + count) do not all sit on one node.
   bool SpansNodes(int64_t first, int64_t count) const;
-
- private:
-  std::vector<char> cp_inter_node_;  // by c, for the c dividing G
-
- public:
   // Micro-batches each of the G / c data-parallel replicas runs at CP degree
   // c: chunks B c / G (CAD: waves of G / c chunks), or options.micro_batches
   // when set. 0 when c does not divide G or, with chunk micro-batches, G / c
@@ -63,6 +58,9 @@ struct SimContext {
   // summed gradients without it (the all-reduce's second half); each device
   // moves its 1 / tp of them; inter-node when the stage spans nodes.
   double GradSyncSeconds() const;
+
+ private:
+  std::vector<char> cp_inter_node_;  // CpInterNode by c, for the c dividing G
 };
 
 // CAD's nominal memory (docs/simulator.md, "Memory"), per device: weights,

@@ -49,18 +49,6 @@ int64_t PeakRssBytes() {
   return int64_t{u.ru_maxrss} * 1024;  // Linux reports KiB
 }
 
-// Every rank's report, on rank 0 (other ranks get only their own).
-Status GatherReports(Comm& comm, const RankReport& mine, std::vector<RankReport>* all) {
-  const int n = comm.size();
-  std::vector<int64_t> send(size_t(n), 0), recv(size_t(n), 0);
-  send[0] = sizeof(RankReport);
-  if (comm.rank() == 0) std::fill(recv.begin(), recv.end(), int64_t{sizeof(RankReport)});
-  all->assign(size_t(comm.rank() == 0 ? n : 1), RankReport{});
-  DISTCA_RETURN_IF_ERROR(comm.Alltoallv(&mine, send, all->data(), recv));
-  if (comm.rank() != 0) (*all)[0] = mine;
-  return Status::Ok();
-}
-
 // The plans of one step: one per nano-batch, and which batch documents each holds.
 struct StepPlans {
   std::vector<Plan> plans;
@@ -365,7 +353,7 @@ Status Train(Comm& comm, const TrainOptions& options, const std::function<void(c
                           step_timer.Seconds(),
                           double(sent)};
     std::vector<RankReport> reports;
-    DISTCA_RETURN_IF_ERROR(GatherReports(comm, mine, &reports));
+    DISTCA_RETURN_IF_ERROR(GatherToRoot(comm, mine, &reports));
 
     if (!o.save_dir.empty() && rank == 0 && ((o.save_every > 0 && step % o.save_every == 0) || step == o.steps)) {
       const TrainState state{step, stream->position(), o.seed};

@@ -169,6 +169,14 @@ inline void ExpectWithinNaiveBound(const std::vector<float>& fast, const std::ve
   EXPECT_TRUE(WithinNaiveBound(fast, naive, oracle, what, &why)) << why;
 }
 
+// dQ, dK and dV each within the bound above.
+inline void ExpectBackwardWithinNaiveBound(const BackwardResult& fast, const BackwardResult& naive,
+                                           const BackwardResult& oracle) {
+  ExpectWithinNaiveBound(fast.dq, naive.dq, oracle.dq, "dQ");
+  ExpectWithinNaiveBound(fast.dk, naive.dk, oracle.dk, "dK");
+  ExpectWithinNaiveBound(fast.dv, naive.dv, oracle.dv, "dV");
+}
+
 // Fast tiled kernels this CPU runs (the ones to check against the oracle).
 inline std::vector<AttentionKernel> TiledKernels() {
   std::vector<AttentionKernel> k;

@@ -23,7 +23,7 @@ using sim_test::TestProfile;
 // far above rounding (~1e-16), far below any modeling difference.
 constexpr double kRel = 1e-12;
 
-bool Contains(const Status& s, const std::string& needle) { return s.message().find(needle) != std::string::npos; }
+using sim_test::Contains;
 
 TEST(HardwareProfileTest, EfficiencyIsPiecewiseLinearInLog2AndClamped) {
   const HardwareProfile p = TestProfile();

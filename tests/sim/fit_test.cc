@@ -15,7 +15,7 @@ namespace {
 using sim_test::TestModel;
 using sim_test::TestProfile;
 
-bool Contains(const Status& s, const std::string& needle) { return s.message().find(needle) != std::string::npos; }
+using sim_test::Contains;
 
 TEST(ProfileJsonTest, RoundTripsEveryField) {
   HardwareProfile p = TestProfile();

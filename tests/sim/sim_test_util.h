@@ -9,6 +9,11 @@
 
 namespace distca::sim_test {
 
+// Whether a status's message names `needle`.
+inline bool Contains(const Status& s, const std::string& needle) {
+  return s.message().find(needle) != std::string::npos;
+}
+
 // peak 1e12 FLOP/s, linear at 50%, attention efficiency 0.5 up to 128-token
 // queries rising (linear in log2) to 1.0 at 1024, 2 bytes per element, two
 // devices per node; intra-node 100 GB/s + 1 us, inter-node 10 GB/s + 10 us.

@@ -22,7 +22,7 @@ using sim_test::TestOptions;
 // far below any modeling difference.
 constexpr double kRel = 1e-12;
 
-bool Contains(const Status& s, const std::string& needle) { return s.message().find(needle) != std::string::npos; }
+using sim_test::Contains;
 
 SimResult SimulateOne(const SimOptions& o, const std::vector<std::vector<int64_t>>& batches, SimStrategy strategy) {
   std::vector<SimResult> results;
@@ -615,10 +615,9 @@ TEST(CadTest, PaperBufferStagesOwnRowsAndGrowsWhereNothingFits) {
   o.hardware.attention_efficiency = {{1.0, 1.0}};
   std::vector<SimResult> results;
   const Status failed = Simulate(o, {{1024, 1024}}, {SimStrategy::kDistca}, &results);
-  EXPECT_NE(failed.ToString().find("below what the linear layout alone moves"), std::string::npos) << failed.ToString();
+  EXPECT_TRUE(Contains(failed, "below what the linear layout alone moves")) << failed.ToString();
   // The planner's budget is a rank's (tp devices); the message says so.
-  EXPECT_NE(failed.ToString().find("a rank of tp 2 devices: comm budget 2 x 1 bytes"), std::string::npos)
-      << failed.ToString();
+  EXPECT_TRUE(Contains(failed, "a rank of tp 2 devices: comm budget 2 x 1 bytes")) << failed.ToString();
   const SimResult r = SimulateOne(o, {{1024, 1024}}, SimStrategy::kDistcaPaper);
   EXPECT_EQ(r.cp, 1);
   EXPECT_DOUBLE_EQ(r.tolerance_used, sim::kDistcaArtifactTolerances.back());
@@ -658,10 +657,8 @@ TEST(CadTest, PaperBufferStagesOwnRowsAndGrowsWhereNothingFits) {
   o.gpus = 8;
   o.pp = 2;
   std::vector<SimResult> staged;
-  EXPECT_NE(Simulate(o, {{1024, 1024}}, {SimStrategy::kDistcaPaper}, &staged)
-                .ToString()
-                .find("DistCA's pipeline schedule stops here"),
-            std::string::npos);
+  EXPECT_TRUE(Contains(Simulate(o, {{1024, 1024}}, {SimStrategy::kDistcaPaper}, &staged),
+                       "DistCA's pipeline schedule stops here"));
 }
 
 // Both nano-batches of a tick at one tolerance: a 1536-token ping and a
@@ -746,10 +743,8 @@ TEST(CadTest, WithoutTheResendServersKeepWhatTheyServe) {
   // DistCA's pipeline schedule resends: no such format with stages.
   o.pp = 2;
   std::vector<SimResult> results;
-  EXPECT_NE(Simulate(o, {{1024, 1024}}, {SimStrategy::kDistcaPaper}, &results)
-                .ToString()
-                .find("without pipeline stages only (pp 2)"),
-            std::string::npos);
+  EXPECT_TRUE(Contains(Simulate(o, {{1024, 1024}}, {SimStrategy::kDistcaPaper}, &results),
+                       "without pipeline stages only (pp 2)"));
 }
 
 TEST(CadTest, ArtifactBufferRoundsUpToWholeGiBPlusAHalf) {
