@@ -169,6 +169,20 @@ inline void ExpectWithinNaiveBound(const std::vector<float>& fast, const std::ve
   EXPECT_TRUE(WithinNaiveBound(fast, naive, oracle, what, &why)) << why;
 }
 
+// What a fast kernel is checked against: the double-precision oracle's
+// forward and backward, and the same chain in plain fp32 (the error bound).
+struct Oracles {
+  ForwardResult ref_fwd, naive_fwd;
+  BackwardResult ref_bwd, naive_bwd;
+};
+inline Oracles OraclesFor(const Batch& b) {
+  Oracles o;
+  o.ref_fwd = RunForward(b, AttentionKernel::kReference);
+  o.ref_bwd = RunBackward(b, o.ref_fwd, AttentionKernel::kReference);
+  NaiveFp32(b, &o.naive_fwd, &o.naive_bwd);
+  return o;
+}
+
 // dQ, dK and dV each within the bound above.
 inline void ExpectBackwardWithinNaiveBound(const BackwardResult& fast, const BackwardResult& naive,
                                            const BackwardResult& oracle) {

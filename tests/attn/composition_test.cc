@@ -60,17 +60,13 @@ TEST(CompositionTest, ReferenceShardsEqualWholeExactly) {
 TEST(CompositionTest, TiledShardsEqualWhole) {
   for (auto [length, pieces] : {std::pair{1000, 5}, std::pair{777, 13}, std::pair{1300, 3}}) {
     const Split s = MakeSplit(length, pieces, uint64_t(length));
-    const ForwardResult ref = RunForward(s.whole, AttentionKernel::kReference);
-    const BackwardResult ref_g = RunBackward(s.whole, ref, AttentionKernel::kReference);
-    ForwardResult naive;
-    BackwardResult naive_g;
-    NaiveFp32(s.whole, &naive, &naive_g);
+    const Oracles x = OraclesFor(s.whole);
     for (AttentionKernel kernel : TiledKernels()) {
       SCOPED_TRACE(std::string(AttentionKernelName(kernel)) + " length " + std::to_string(length));
       const ForwardResult f = RunForward(s.shards, kernel, 3);
-      ExpectWithinNaiveBound(f.out, naive.out, ref.out, "O");
-      ExpectWithinNaiveBound(f.lse, naive.lse, ref.lse, "LSE");
-      ExpectBackwardWithinNaiveBound(RunBackward(s.shards, ref, kernel, 3), naive_g, ref_g);
+      ExpectWithinNaiveBound(f.out, x.naive_fwd.out, x.ref_fwd.out, "O");
+      ExpectWithinNaiveBound(f.lse, x.naive_fwd.lse, x.ref_fwd.lse, "LSE");
+      ExpectBackwardWithinNaiveBound(RunBackward(s.shards, x.ref_fwd, kernel, 3), x.naive_bwd, x.ref_bwd);
     }
   }
 }

@@ -85,19 +85,15 @@ class KernelGridTest : public ::testing::TestWithParam<GridCase> {};
 TEST_P(KernelGridTest, MatchesReference) {
   const GridCase& c = GetParam();
   const Batch b = PackedBatch(c.q_kv_lens, c.hq, c.hkv, c.dim, c.causal, c.seed);
-  const ForwardResult ref_fwd = RunForward(b, AttentionKernel::kReference);
-  const BackwardResult ref_bwd = RunBackward(b, ref_fwd, AttentionKernel::kReference);
-  ForwardResult naive_fwd;
-  BackwardResult naive_bwd;
-  NaiveFp32(b, &naive_fwd, &naive_bwd);
+  const Oracles x = OraclesFor(b);
 
   for (AttentionKernel kernel : TiledKernels()) {
     SCOPED_TRACE(AttentionKernelName(kernel));
     const ForwardResult fwd = RunForward(b, kernel, c.threads);
-    ExpectWithinNaiveBound(fwd.out, naive_fwd.out, ref_fwd.out, "O");
-    ExpectWithinNaiveBound(fwd.lse, naive_fwd.lse, ref_fwd.lse, "LSE");
+    ExpectWithinNaiveBound(fwd.out, x.naive_fwd.out, x.ref_fwd.out, "O");
+    ExpectWithinNaiveBound(fwd.lse, x.naive_fwd.lse, x.ref_fwd.lse, "LSE");
     // The backward is fed the oracle's O and LSE so that only backward error is measured.
-    ExpectBackwardWithinNaiveBound(RunBackward(b, ref_fwd, kernel, c.threads), naive_bwd, ref_bwd);
+    ExpectBackwardWithinNaiveBound(RunBackward(b, x.ref_fwd, kernel, c.threads), x.naive_bwd, x.ref_bwd);
   }
 }
 
@@ -108,15 +104,11 @@ INSTANTIATE_TEST_SUITE_P(Grid, KernelGridTest, ::testing::ValuesIn(MakeGrid()),
 // LSE, against the oracle, within the error of the same chain in plain fp32.
 TEST(KernelTest, ForwardThenBackwardChainedMatchesReference) {
   const Batch b = PackedBatch({{1, 300}, {200, 200}, {64, 700}, {333, 333}}, 8, 2, 64, true, 31);
-  const ForwardResult ref_fwd = RunForward(b, AttentionKernel::kReference);
-  const BackwardResult ref_bwd = RunBackward(b, ref_fwd, AttentionKernel::kReference);
-  ForwardResult naive_fwd;
-  BackwardResult naive_bwd;
-  NaiveFp32(b, &naive_fwd, &naive_bwd);
+  const Oracles x = OraclesFor(b);
   for (AttentionKernel kernel : TiledKernels()) {
     SCOPED_TRACE(AttentionKernelName(kernel));
     const ForwardResult fwd = RunForward(b, kernel, 2);
-    ExpectBackwardWithinNaiveBound(RunBackward(b, fwd, kernel, 2), naive_bwd, ref_bwd);
+    ExpectBackwardWithinNaiveBound(RunBackward(b, fwd, kernel, 2), x.naive_bwd, x.ref_bwd);
   }
 }
 
