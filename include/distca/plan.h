@@ -119,7 +119,7 @@ struct PlanOptions {
   int64_t block = 128;                      // tasks are cut in whole blocks except at pieces' ends
   // Largest bytes (forward + backward) any rank or server may send or receive;
   // 0 = unlimited. When a plan exceeds it, eps is raised in steps of 0.05:
-  // one at a time for the first 20 (the first step that fits), then by
+  // one at a time for the first 60 (the first step that fits), then by
   // galloping and bisection to a step that fits whose step below does not
   // (docs/planner.md). Default: 0
   int64_t comm_budget = 0;

@@ -1,8 +1,10 @@
 // Internals shared by the planner's files: byte rates and the policies.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "distca/plan.h"
@@ -41,5 +43,23 @@ Status CheckLayout(const Plan& plan);
 Status PlanColocated(const CostModel& cost, Plan* plan, std::vector<double>* loads);
 Status PlanPaper(const CostModel& cost, double eps, Plan* plan, std::vector<double>* loads);
 Status PlanDistca(const CostModel& cost, double eps, Plan* plan, std::vector<double>* loads);
+// PlanDistca without its fallback: the greedy's own plan, bound_met saying
+// whether the greedy alone met the bound (for tests of the greedy).
+Status PlanDistcaGreedyOnly(const CostModel& cost, double eps, Plan* plan, std::vector<double>* loads);
+
+// The distca greedy's choice among a donor's candidate moves: of the items
+// whose score (bytes per unit of cost moved) is within `slack` (relative) of
+// the lowest, the one of largest size (cost moved), the first of equals; null
+// when there are none. The slack is measured from the lowest score, not from
+// the item chosen so far, so that a chain of near-equals cannot drift from it.
+template <class T, class ScoreFn, class SizeFn>
+const T* LargestNearCheapest(const std::vector<T>& items, double slack, ScoreFn score, SizeFn size) {
+  double least = std::numeric_limits<double>::infinity();
+  for (const T& item : items) least = std::min(least, score(item));
+  const T* best = nullptr;
+  for (const T& item : items)
+    if (score(item) <= least * (1 + slack) && (best == nullptr || size(item) > size(*best))) best = &item;
+  return best;
+}
 
 }  // namespace distca::plan

@@ -145,7 +145,9 @@ class DistcaPlanner {
   DistcaPlanner(const CostModel& cost, Plan* plan)
       : cost_(cost), plan_(*plan), rates_(ByteRatesFor(plan->model)), servers_(plan->servers()) {}
 
-  Status Run(double eps, std::vector<double>* loads);
+  // With repack false, a greedy that misses the bound returns its own plan
+  // (bound_met false) instead of trying first-fit decreasing.
+  Status Run(double eps, bool repack, std::vector<double>* loads);
 
  private:
   struct KvState {
@@ -370,13 +372,10 @@ Move DistcaPlanner::DonorBest(int donor) {
     }
   }
   // Among the moves within 2% of the fewest bytes per unit, the largest:
-  // fewer, longer tasks (the first of equals).
-  Move best;
-  double least = std::numeric_limits<double>::infinity();
-  for (const Move& m : moves) least = std::min(least, m.score);
-  for (const Move& m : moves)
-    if (m.score <= least * 1.02 && (!best.valid || m.receiver_add > best.receiver_add)) best = m;
-  return best;
+  // fewer, longer tasks.
+  const Move* best = LargestNearCheapest(
+      moves, 0.02, [](const Move& m) { return m.score; }, [](const Move& m) { return m.receiver_add; });
+  return best != nullptr ? *best : Move{};
 }
 
 void DistcaPlanner::Apply(const Move& m) {
@@ -489,7 +488,7 @@ void DistcaPlanner::Relocate() {
   }
 }
 
-Status DistcaPlanner::Run(double eps, std::vector<double>* loads) {
+Status DistcaPlanner::Run(double eps, bool repack, std::vector<double>* loads) {
   // Colocated start: every piece is a task on its rank.
   plan_.tasks.clear();
   load_.assign(servers_, 0.0);
@@ -543,7 +542,7 @@ Status DistcaPlanner::Run(double eps, std::vector<double>* loads) {
   }
 
   if (plan_.bound_met) Relocate();
-  if (!plan_.bound_met) {
+  if (!plan_.bound_met && repack) {
     // A relative slack of 1e-10 absorbs the rounding of summing costs in a
     // different order; bound_met allows 1e-9.
     const std::vector<PlanTask> greedy = plan_.tasks;
@@ -578,7 +577,12 @@ Status DistcaPlanner::Run(double eps, std::vector<double>* loads) {
 
 Status PlanDistca(const CostModel& cost, double eps, Plan* plan, std::vector<double>* loads) {
   DistcaPlanner planner(cost, plan);
-  return planner.Run(eps, loads);
+  return planner.Run(eps, /*repack=*/true, loads);
+}
+
+Status PlanDistcaGreedyOnly(const CostModel& cost, double eps, Plan* plan, std::vector<double>* loads) {
+  DistcaPlanner planner(cost, plan);
+  return planner.Run(eps, /*repack=*/false, loads);
 }
 
 }  // namespace distca::plan

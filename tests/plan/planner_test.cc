@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "distca/plan.h"
+#include "plan/planner_internal.h"
 
 namespace distca {
 namespace {
@@ -481,6 +482,51 @@ TEST(PlannerTest, DistcaSendsRowsWhereTheirPrefixAlreadyIs) {
   }
   EXPECT_GT(moved, 0);
   EXPECT_EQ(p.stats.traffic.received[2], colocated.stats.traffic.received[2]);
+}
+
+// distca's greedy alone (no first-fit fallback): a donor whose move
+// overshoots the cap receives like any other server. Three ranks, block 256,
+// eps 0.15 (cap 309,616 causal pairs): rank 0 holds an 815-token document
+// (332,520 pairs), rank 2 documents of 931 and 287 tokens (475,174), rank 1
+// nothing. Rank 2 must shed 165,558; its smallest chunk that covers that is
+// [512, 931) of the long document (302,518 pairs, the next cut down gives
+// 138,550), so it drops to 172,656 and rank 1 is left 7,098 of room, less
+// than any block of rank 0's document. Rank 0 can only shed to rank 2: a
+// greedy that never offered the ex-donor's room got stuck here.
+TEST(PlannerTest, DistcaGreedyLetsAnOvershootingDonorReceive) {
+  Plan p;
+  p.ranks = 3;
+  p.block = 256;
+  for (const auto& [length, rank] : {std::pair<int64_t, int>{931, 2}, {815, 0}, {287, 2}})
+    p.documents.push_back({.length = length, .pieces = {{.rank = rank, .begin = 0, .end = length}}});
+  const CostModel cost = CostModel::Flops(p.model);
+  std::vector<double> loads;
+  ASSERT_TRUE(plan::PlanDistcaGreedyOnly(cost, 0.15, &p, &loads).ok());
+  EXPECT_TRUE(p.bound_met);
+  ASSERT_TRUE(ValidatePlanStructure(p).ok());  // its statistics are not filled in
+  const double pair = cost.TaskCost(0, 1);
+  EXPECT_DOUBLE_EQ(loads[2], double(CausalPairs(0, 512) + CausalPairs(0, 287) + CausalPairs(256, 512)) * pair);
+  EXPECT_DOUBLE_EQ(loads[1], double(CausalPairs(512, 931)) * pair);
+  EXPECT_DOUBLE_EQ(loads[0], double(CausalPairs(0, 256) + CausalPairs(512, 815)) * pair);
+}
+
+// The greedy's 2% tie-break is measured from the fewest bytes per unit: a
+// chain of moves each within 2% of the one before (1.0, 1.019, 1.035) must
+// not carry the choice to a move 3.5% worse than the best.
+TEST(PlannerTest, DistcaTieBreakStaysWithinTheSlackOfTheCheapest) {
+  struct Candidate {
+    double score, size;
+  };
+  const auto score = [](const Candidate& c) { return c.score; };
+  const auto size = [](const Candidate& c) { return c.size; };
+  const std::vector<Candidate> chain = {{1.0, 1.0}, {1.019, 2.0}, {1.035, 3.0}};
+  EXPECT_EQ(plan::LargestNearCheapest(chain, 0.02, score, size), &chain[1]);
+  // Equal sizes: the first; the cheapest alone when nothing is near it.
+  const std::vector<Candidate> equal = {{1.0, 2.0}, {1.01, 2.0}};
+  EXPECT_EQ(plan::LargestNearCheapest(equal, 0.02, score, size), &equal[0]);
+  const std::vector<Candidate> apart = {{2.0, 9.0}, {1.0, 1.0}};
+  EXPECT_EQ(plan::LargestNearCheapest(apart, 0.02, score, size), &apart[1]);
+  EXPECT_EQ(plan::LargestNearCheapest(std::vector<Candidate>{}, 0.02, score, size), nullptr);
 }
 
 TEST(PlannerTest, CommBudgetRaisesTolerance) {
