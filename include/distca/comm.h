@@ -14,6 +14,9 @@
 //     the order they were sent. User tags are in [0, kMaxUserTag].
 //   - Nonblocking calls return a CommRequest; the buffers must stay valid and
 //     untouched until its Wait() returns.
+//   - A receive (or an Alltoallv's part) of another size than its message is
+//     an error on the receiving rank, naming both ranks and the expected
+//     size, never a partly filled buffer or a wait for bytes that never come.
 //   - Failure: when one rank fails (returns an error, throws, aborts, or its
 //     process dies), every other rank's pending and later calls fail with a
 //     Status naming the failure within seconds; no rank hangs.

@@ -1,6 +1,10 @@
 // The MPI backend: OpenMPI with MPI_THREAD_MULTIPLE. Every MPI call is
 // checked (errors return, they do not abort); large transfers are cut into
-// messages of at most 1 GiB so counts fit MPI's int. A failing rank prints its
+// messages of at most 1 GiB so counts fit MPI's int: whole messages of that
+// size, then always one shorter final message (empty when the size is a
+// multiple), so that a receive that expects a different size than was sent
+// fails at its first message that differs instead of waiting for one that
+// never comes (or leaving one unmatched). A failing rank prints its
 // reason and calls MPI_Abort, which terminates every rank of the job: nobody
 // is left waiting on it. (After an MPI error the library's state is undefined,
 // MPI 4.0 section 9.3, so a call that fails partway through posting, such as
@@ -10,7 +14,9 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <vector>
 
@@ -20,6 +26,9 @@ namespace distca::comm {
 namespace {
 
 constexpr int64_t kMaxMessage = int64_t{1} << 30;
+// DISTCA_MPI_MAX_MESSAGE=N (1 <= N <= kMaxMessage) lowers the message size
+// limit, so that tests exercise the cutting of transfers with small ones.
+constexpr const char* kMaxMessageEnv = "DISTCA_MPI_MAX_MESSAGE";
 // Tags above the user range carry the collectives built from point-to-point.
 constexpr int kInternalTagBase = Comm::kMaxUserTag + 1;
 
@@ -31,32 +40,76 @@ Status MpiCheck(int rc, const char* what) {
   return Status::Internal(fmt::format("{} failed: {}", what, std::string(text, static_cast<size_t>(len))));
 }
 
+// The messages of one or more transfers. Receives are completed in posting
+// order and each checked against the size it expects, so that the first
+// message that differs ends the wait with an error naming the sizes.
 class MpiRequest : public CommRequest::Impl {
  public:
-  std::vector<MPI_Request> requests;
+  struct Part {
+    MPI_Request request = MPI_REQUEST_NULL;
+    int64_t expected = -1;  // bytes a receive expects; -1 for a send
+    int peer = 0, tag = 0;
+    int64_t transfer_bytes = 0;  // the whole transfer's size, for messages
+    bool done = false;
+  };
+  std::vector<Part> parts;
+  int rank = 0;
+
   Status Wait() override {
     if (done_) return status_;
-    status_ =
-        MpiCheck(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
+    for (Part& p : parts) {
+      if (p.done) continue;
+      MPI_Status st;
+      status_ = Complete(p, MPI_Wait(&p.request, &st), st);
+      if (!status_.ok()) break;  // later messages may never come
+    }
     done_ = true;
     return status_;
   }
   bool Test() override {
     if (done_) return true;
-    int flag = 0;
-    if (MPI_Testall(static_cast<int>(requests.size()), requests.data(), &flag, MPI_STATUSES_IGNORE) != MPI_SUCCESS)
-      return true;  // Wait() will report the error
-    return flag != 0;
+    bool all = true;
+    for (Part& p : parts) {
+      if (p.done) continue;
+      int flag = 0;
+      MPI_Status st;
+      const int rc = MPI_Test(&p.request, &flag, &st);
+      if (rc != MPI_SUCCESS || flag != 0) {
+        if (Status s = Complete(p, rc, st); !s.ok()) {
+          status_ = s;
+          done_ = true;  // Wait() reports it
+          return true;
+        }
+      } else {
+        all = false;
+      }
+    }
+    return all;
   }
 
  private:
+  Status Complete(Part& p, int rc, const MPI_Status& st) {
+    p.done = true;
+    if (p.expected < 0) return MpiCheck(rc, "MPI_Isend");
+    if (rc == MPI_ERR_TRUNCATE) return Mismatch(p, "more (a longer message arrived)");
+    DISTCA_RETURN_IF_ERROR(MpiCheck(rc, "MPI_Irecv"));
+    int count = 0;
+    DISTCA_RETURN_IF_ERROR(MpiCheck(MPI_Get_count(&st, MPI_BYTE, &count), "MPI_Get_count"));
+    if (count != p.expected) return Mismatch(p, "less (a shorter message arrived)");
+    return Status::Ok();
+  }
+  Status Mismatch(const Part& p, const char* got) const {
+    return Status::InvalidArgument(fmt::format("rank {} expected {} bytes from rank {} (tag {}), got {}", rank,
+                                               p.transfer_bytes, p.peer, p.tag, got));
+  }
+
   bool done_ = false;
   Status status_;
 };
 
 class MpiComm : public Comm {
  public:
-  MpiComm() {
+  explicit MpiComm(int64_t max_message) : max_message_(max_message) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
     // The ranks sharing this node's memory.
@@ -76,7 +129,7 @@ class MpiComm : public Comm {
   Status AllreduceSum(float* data, int64_t count) override {
     if (count < 0) return Status::InvalidArgument("allreduce: negative count");
     for (int64_t done = 0; done < count;) {
-      const int n = static_cast<int>(std::min(count - done, kMaxMessage / 4));
+      const int n = static_cast<int>(std::min(count - done, std::max<int64_t>(1, max_message_ / 4)));
       DISTCA_RETURN_IF_ERROR(
           MpiCheck(MPI_Allreduce(MPI_IN_PLACE, data + done, n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce"));
       done += n;
@@ -89,7 +142,7 @@ class MpiComm : public Comm {
     if (bytes < 0) return Status::InvalidArgument("broadcast: negative size");
     auto* p = static_cast<char*>(data);
     for (int64_t done = 0; done < bytes;) {
-      const int n = static_cast<int>(std::min(bytes - done, kMaxMessage));
+      const int n = static_cast<int>(std::min(bytes - done, max_message_));
       DISTCA_RETURN_IF_ERROR(MpiCheck(MPI_Bcast(p + done, n, MPI_BYTE, root, MPI_COMM_WORLD), "MPI_Bcast"));
       done += n;
     }
@@ -144,34 +197,37 @@ class MpiComm : public Comm {
     return Status::Ok();
   }
 
-  // Messages of at most kMaxMessage bytes; zero-byte transfers still send one
-  // (empty) message so that the receive side always matches.
+  // Whole messages of max_message_ bytes, then one shorter final message
+  // (empty when bytes is a multiple; a zero-byte transfer is that one empty
+  // message), so that the receive side always matches message for message.
   Status PostSend(const void* data, int64_t bytes, int peer, int tag, MpiRequest* r) {
-    const auto* p = static_cast<const char*>(data);
-    int64_t done = 0;
-    do {
-      const int n = static_cast<int>(std::min(bytes - done, kMaxMessage));
-      r->requests.emplace_back();
-      DISTCA_RETURN_IF_ERROR(
-          MpiCheck(MPI_Isend(p + done, n, MPI_BYTE, peer, tag, MPI_COMM_WORLD, &r->requests.back()), "MPI_Isend"));
-      done += n;
-    } while (done < bytes);
-    return Status::Ok();
+    return Post(const_cast<void*>(data), bytes, peer, tag, /*receive=*/false, r);
   }
-
   Status PostRecv(void* data, int64_t bytes, int peer, int tag, MpiRequest* r) {
+    return Post(data, bytes, peer, tag, /*receive=*/true, r);
+  }
+  Status Post(void* data, int64_t bytes, int peer, int tag, bool receive, MpiRequest* r) {
     auto* p = static_cast<char*>(data);
-    int64_t done = 0;
-    do {
-      const int n = static_cast<int>(std::min(bytes - done, kMaxMessage));
-      r->requests.emplace_back();
-      DISTCA_RETURN_IF_ERROR(
-          MpiCheck(MPI_Irecv(p + done, n, MPI_BYTE, peer, tag, MPI_COMM_WORLD, &r->requests.back()), "MPI_Irecv"));
+    r->rank = rank_;
+    for (int64_t done = 0;;) {
+      const int n = static_cast<int>(std::min(bytes - done, max_message_));
+      MpiRequest::Part& part = r->parts.emplace_back();
+      part.expected = receive ? n : -1;
+      part.peer = peer;
+      part.tag = tag;
+      part.transfer_bytes = bytes;
+      const int rc = receive ? MPI_Irecv(p + done, n, MPI_BYTE, peer, tag, MPI_COMM_WORLD, &part.request)
+                             : MPI_Isend(p + done, n, MPI_BYTE, peer, tag, MPI_COMM_WORLD, &part.request);
+      if (rc != MPI_SUCCESS) {
+        part.done = true;
+        return MpiCheck(rc, receive ? "MPI_Irecv" : "MPI_Isend");
+      }
       done += n;
-    } while (done < bytes);
-    return Status::Ok();
+      if (n < max_message_) return Status::Ok();
+    }
   }
 
+  const int64_t max_message_;
   int rank_ = 0;
   int size_ = 1;
   int machine_ranks_ = 1;
@@ -203,7 +259,20 @@ Status RunMpi(const std::function<Status(Comm&)>& fn) {
       return Status::FailedPrecondition("MPI was initialized without MPI_THREAD_MULTIPLE, which the runtime needs");
   }
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-  MpiComm comm;
+  int64_t max_message = kMaxMessage;
+  if (const char* env = std::getenv(kMaxMessageEnv); env != nullptr) {
+    char* end = nullptr;
+    errno = 0;
+    const long long v = std::strtoll(env, &end, 10);
+    if (errno != 0 || end == env || *end != '\0' || v < 1 || v > kMaxMessage) {
+      const Status bad = Status::InvalidArgument(
+          fmt::format("{}='{}' is not a whole number of bytes in [1, {}]", kMaxMessageEnv, env, kMaxMessage));
+      MpiComm(kMaxMessage).Abort(bad);
+      return bad;
+    }
+    max_message = v;
+  }
+  MpiComm comm(max_message);
   Status result;
   try {
     result = fn(comm);

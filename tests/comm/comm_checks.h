@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "distca/comm.h"
@@ -96,6 +97,27 @@ inline Status CheckCommContract(Comm& c) {
       DISTCA_RETURN_IF_ERROR(c.Recv(&b, sizeof b, 0, 2));
       DISTCA_RETURN_IF_ERROR(c.Recv(nullptr, 0, 0, 3));
       DISTCA_RETURN_IF_ERROR(Expect(a == 11 && b == 22, "tags were mixed"));
+    }
+  }
+
+  // A receive of another size than was sent is an error naming the sizes (on
+  // a tag of its own: nothing else is in flight on it).
+  if (R > 1) {
+    const int tag = Comm::kMaxUserTag;
+    int64_t wide = 7;
+    int32_t narrow = 3;
+    if (me == 0) {
+      DISTCA_RETURN_IF_ERROR(c.Send(&wide, sizeof wide, 1, tag));      // 8 bytes where 4 are expected
+      DISTCA_RETURN_IF_ERROR(c.Send(&narrow, sizeof narrow, 1, tag));  // 4 where 8 are
+    } else if (me == 1) {
+      const Status longer = c.Recv(&narrow, sizeof narrow, 0, tag);
+      DISTCA_RETURN_IF_ERROR(
+          Expect(!longer.ok() && longer.message().find("expected 4 bytes from rank 0") != std::string::npos,
+                 "a longer message than the receive's: " + longer.ToString()));
+      const Status shorter = c.Recv(&wide, sizeof wide, 0, tag);
+      DISTCA_RETURN_IF_ERROR(
+          Expect(!shorter.ok() && shorter.message().find("expected 8 bytes from rank 0") != std::string::npos,
+                 "a shorter message than the receive's: " + shorter.ToString()));
     }
   }
 

@@ -3,9 +3,16 @@
 //   comm_mpi_check contract     all checks (also with injected delays)
 //   comm_mpi_check fail         rank 1 fails; the job must end non-zero
 //   comm_mpi_check kill         rank 1 is killed by SIGKILL; the job must end
+//   comm_mpi_check short|long   rank 0 sends rank 1 100 bytes where 200 are
+//                               expected, or 200 where 100 are: rank 1 must
+//                               fail, naming the sizes, and the job end (run
+//                               with DISTCA_MPI_MAX_MESSAGE=64, so that the
+//                               transfers are cut into different numbers of
+//                               messages)
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <vector>
 
 #include "comm/comm_checks.h"
 
@@ -23,6 +30,13 @@ int main(int argc, char** argv) {
       return distca::testing::CheckCommContract(*faulty);
     }
     DISTCA_RETURN_IF_ERROR(c.Barrier());
+    const bool short_send = std::strcmp(mode, "short") == 0;
+    if (short_send || std::strcmp(mode, "long") == 0) {
+      std::vector<char> buffer(200, 'x');
+      if (c.rank() == 0) return c.Send(buffer.data(), short_send ? 100 : 200, 1, 0);
+      if (c.rank() == 1) return c.Recv(buffer.data(), short_send ? 200 : 100, 0, 0);
+      return c.Barrier();  // waits for ranks 0 and 1: ends when the job is aborted
+    }
     if (c.rank() == 1) {
       if (std::strcmp(mode, "kill") == 0) std::raise(SIGKILL);
       return distca::Status::InvalidArgument("injected failure on rank 1");
