@@ -72,10 +72,9 @@ Status SyncDirectory(const std::string& dir) {
   return Status::Ok();
 }
 
-Status WriteFileAtomic(const std::string& path, std::string_view contents) {
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) return Status::IoError("cannot create '" + tmp + "': " + std::strerror(errno));
+Status WriteFileSynced(const std::string& path, std::string_view contents) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) return Status::IoError("cannot create '" + path + "': " + std::strerror(errno));
   size_t done = 0;
   while (done < contents.size()) {
     const ssize_t n = ::write(fd, contents.data() + done, contents.size() - done);
@@ -83,8 +82,8 @@ Status WriteFileAtomic(const std::string& path, std::string_view contents) {
     if (n <= 0) {
       const int err = errno;
       ::close(fd);
-      std::remove(tmp.c_str());
-      return Status::IoError("error while writing '" + tmp + "': " + std::strerror(err));
+      std::remove(path.c_str());
+      return Status::IoError("error while writing '" + path + "': " + std::strerror(err));
     }
     done += static_cast<size_t>(n);
   }
@@ -93,16 +92,31 @@ Status WriteFileAtomic(const std::string& path, std::string_view contents) {
   const int close_rc = ::close(fd);
   if (sync_rc != 0 || close_rc != 0) {
     const int err = sync_rc != 0 ? sync_err : errno;
-    std::remove(tmp.c_str());
-    return Status::IoError("cannot flush '" + tmp + "': " + std::strerror(err));
+    std::remove(path.c_str());
+    return Status::IoError("cannot flush '" + path + "': " + std::strerror(err));
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+  return Status::Ok();
+}
+
+Status RenameFile(const std::string& from, const std::string& to) {
+  if (std::rename(from.c_str(), to.c_str()) != 0) {
     const int err = errno;
-    std::remove(tmp.c_str());
-    return Status::IoError("cannot rename '" + tmp + "' to '" + path + "': " + std::strerror(err));
+    std::remove(from.c_str());
+    return Status::IoError("cannot rename '" + from + "' to '" + to + "': " + std::strerror(err));
   }
-  std::filesystem::path parent = std::filesystem::path(path).parent_path();
-  return SyncDirectory(parent.empty() ? "." : parent.string());
+  return Status::Ok();
+}
+
+std::string DirectoryOf(const std::string& path) {
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  return parent.empty() ? "." : parent.string();
+}
+
+Status WriteFileAtomic(const std::string& path, std::string_view contents) {
+  const std::string tmp = path + ".tmp";
+  DISTCA_RETURN_IF_ERROR(WriteFileSynced(tmp, contents));
+  DISTCA_RETURN_IF_ERROR(RenameFile(tmp, path));
+  return SyncDirectory(DirectoryOf(path));
 }
 
 }  // namespace distca

@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 
 #include <bit>
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 
@@ -346,9 +348,32 @@ Status WriteIndexedDataset(const std::string& prefix, const std::vector<std::vec
       bin.append(reinterpret_cast<const char*>(doc.data()), doc.size() * sizeof(int32_t));
     }
   }
-  // The .bin first: a new .idx appears only once the .bin it describes is in place.
-  DISTCA_RETURN_IF_ERROR(WriteFileAtomic(prefix + ".bin", bin));
-  return WriteFileAtomic(prefix + ".idx", idx);
+  // Both files are written in full before either replaces anything, so a
+  // failure up to then leaves the old pair as it was. Then the old .idx goes
+  // first: a new .bin never sits next to an index of other data (which may
+  // well fit it and open), and a crash between the renames leaves no .idx,
+  // which fails to open.
+  const std::string bin_path = prefix + ".bin", idx_path = prefix + ".idx";
+  const std::string bin_tmp = bin_path + ".tmp", idx_tmp = idx_path + ".tmp";
+  DISTCA_RETURN_IF_ERROR(WriteFileSynced(bin_tmp, bin));
+  if (Status s = WriteFileSynced(idx_tmp, idx); !s.ok()) {
+    std::remove(bin_tmp.c_str());
+    return s;
+  }
+  if (std::remove(idx_path.c_str()) != 0 && errno != ENOENT) {
+    const int err = errno;
+    std::remove(bin_tmp.c_str());
+    std::remove(idx_tmp.c_str());
+    return Status::IoError(fmt::format("cannot remove the old '{}': {}", idx_path, std::strerror(err)));
+  }
+  const std::string dir = DirectoryOf(prefix);
+  DISTCA_RETURN_IF_ERROR(SyncDirectory(dir));
+  if (Status s = RenameFile(bin_tmp, bin_path); !s.ok()) {
+    std::remove(idx_tmp.c_str());
+    return s;
+  }
+  DISTCA_RETURN_IF_ERROR(RenameFile(idx_tmp, idx_path));
+  return SyncDirectory(dir);
 }
 
 }  // namespace distca

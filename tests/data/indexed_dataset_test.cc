@@ -207,5 +207,30 @@ TEST(IndexedDatasetTest, WriterRejectsNegativeIdsAndMissingDirectories) {
   EXPECT_TRUE(Contains(WriteIndexedDataset(dir / "no/such/dir/x", {{1}}), "no/such/dir/x.bin"));
 }
 
+// Rewriting a dataset: a failure before the new pair is complete leaves the
+// old pair as it was (here the .idx cannot be written: its temporary name is
+// taken by a directory), and a rewrite that succeeds leaves only the new pair.
+TEST(IndexedDatasetTest, AFailedRewriteLeavesTheOldPair) {
+  ScratchDir dir;
+  const std::string prefix = dir / "ds";
+  const std::vector<std::vector<int32_t>> old_docs{{1, 2, 3, 4}, {5, 6, 7, 8}}, new_docs{{9, 9, 9, 9, 9, 9, 9, 9}};
+  ASSERT_TRUE(WriteIndexedDataset(prefix, old_docs).ok());
+  std::filesystem::create_directory(prefix + ".idx.tmp");
+  EXPECT_TRUE(Contains(WriteIndexedDataset(prefix, new_docs), "ds.idx.tmp"));
+  EXPECT_FALSE(std::filesystem::exists(prefix + ".bin.tmp"));
+  std::unique_ptr<DocumentSource> source;
+  ASSERT_TRUE(OpenIndexedDataset(prefix, 16, &source).ok());
+  ASSERT_EQ(source->num_documents(), 2);
+  EXPECT_EQ(ReadAll(*source, 1), old_docs[1]);
+
+  std::filesystem::remove(prefix + ".idx.tmp");
+  ASSERT_TRUE(WriteIndexedDataset(prefix, new_docs).ok());
+  EXPECT_FALSE(std::filesystem::exists(prefix + ".bin.tmp"));
+  EXPECT_FALSE(std::filesystem::exists(prefix + ".idx.tmp"));
+  ASSERT_TRUE(OpenIndexedDataset(prefix, 16, &source).ok());
+  ASSERT_EQ(source->num_documents(), 1);
+  EXPECT_EQ(ReadAll(*source, 0), new_docs[0]);
+}
+
 }  // namespace
 }  // namespace distca
