@@ -37,6 +37,7 @@ struct Args {
   std::string data, data_glob, docs_file, attention = "cad", policy = "distca";
   std::string backward = "stateless", ping_pong = "on", trace_file, json_log;
   std::optional<int> ranks;
+  std::optional<double> comm_timeout;
   bool compare = false;
   distca::TrainOptions train;
 };
@@ -189,6 +190,9 @@ int Run(int argc, char** argv) {
   app.add_option("--block", t.block, "CA-task granularity in tokens (Default: 128)")->check(pos);
   app.add_option("--ranks", a.ranks, "ranks as threads of this process (Default: 1; under mpirun: the MPI ranks)")
       ->check(pos);
+  app.add_option("--comm-timeout", a.comm_timeout,
+                 "seconds a rank waits for a message before the run fails (ranks as threads only; Default: 120)")
+      ->check(pos);
   app.add_option("--threads", t.threads, "OpenMP threads per rank (Default: 1)")->check(pos);
   app.add_option("--save", t.save_dir, "checkpoint directory");
   app.add_option("--save-every", t.save_every, "save every N steps (Default: only at the end)")->check(nonneg);
@@ -208,6 +212,21 @@ int Run(int argc, char** argv) {
   if (!s.ok()) return Fail(s.message());
   t.backward = a.backward == "cached" ? distca::BackwardMode::kCached : distca::BackwardMode::kStateless;
   t.ping_pong = a.ping_pong == "on";
+  // Flags that another choice makes meaningless are refused, not ignored.
+  using distca::cli::FirstGiven;
+  if (a.data.rfind("synthetic:", 0) != 0)
+    if (const char* flag = FirstGiven(app, {"--upsample", "--filter-ratio", "--elongate"}))
+      return Fail(fmt::format("{} shapes sampled lengths: it needs --data synthetic:FILE", flag));
+  if (t.attention == distca::AttentionMode::kColocated && !a.compare)
+    if (const char* flag = FirstGiven(app, {"--policy", "--tolerance", "--backward-mode", "--ping-pong", "--block"}))
+      return Fail(fmt::format("{} configures disaggregated attention: it needs --attention cad (or --compare)", flag));
+  if (app.count("--save-every") > 0 && t.save_dir.empty()) return Fail("--save-every needs --save DIR");
+  if (distca::LaunchedByMpirun())
+    if (const char* flag = FirstGiven(app, {"--ranks", "--comm-timeout"}))
+      return Fail(
+          fmt::format("{} configures ranks as threads of one process; under mpirun the ranks are its "
+                      "processes (-np)",
+                      flag));
   if (a.compare && !t.load_dir.empty()) return Fail("--compare starts both runs from scratch; drop --load");
   if (a.compare && !t.save_dir.empty()) return Fail("--compare does not save; drop --save");
 
@@ -217,6 +236,7 @@ int Run(int argc, char** argv) {
   } else {
     comm_options.backend = distca::CommOptions::Backend::kLocal;
     comm_options.local_ranks = a.ranks.value_or(1);
+    if (a.comm_timeout) comm_options.timeout_seconds = *a.comm_timeout;
   }
 
   std::FILE* log = nullptr;

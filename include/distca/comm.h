@@ -129,7 +129,8 @@ struct CommOptions {
   int local_ranks = 1;               // ranks (threads) of the local backend, at most kMaxLocalRanks. Default: 1
   // The local backend's limit on any single wait for a message: a receive,
   // blocking or polled with Test, gives up this long after it was posted
-  // and fails instead of hanging. Default: 120 s
+  // and fails instead of hanging (beyond 1e9 s, infinity included, it
+  // waits 1e9 s). Default: 120 s
   double timeout_seconds = 120.0;
 };
 

@@ -98,10 +98,21 @@ Status Train(Comm& comm, const TrainOptions& options, const std::function<void(c
 // Checkpoints (docs/checkpoint_format.md): DIR/step-N/{model.safetensors,
 // optimizer.safetensors, state.json} written under a temporary name, fsynced
 // and renamed; DIR/latest names the newest one (replaced atomically).
+// The learning-rate schedule as a run resolves it (decay_steps:
+// --lr-decay-steps, or the run's --steps when that is 0). A checkpoint
+// records it, and a run resumed from one must train on the same schedule.
+struct LrSchedule {
+  float lr = 0, min_lr = 0;
+  int64_t warmup_steps = 0, decay_steps = 0;
+  bool operator==(const LrSchedule&) const = default;
+};
+std::string DescribeSchedule(const LrSchedule& s);
+
 struct TrainState {
   int64_t step = 0;
   DataPosition data;
   uint64_t seed = 0;
+  LrSchedule schedule;
 };
 Status SaveCheckpoint(const std::string& dir, const Transformer& model, const AdamW& optimizer,
                       const TrainState& state);

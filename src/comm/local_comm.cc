@@ -6,6 +6,7 @@
 // calls the collectives in the same order.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -45,9 +46,13 @@ class World {
 
   using Clock = std::chrono::steady_clock;
 
-  // When a receive posted now gives up waiting.
+  // When a receive posted now gives up waiting. Timeouts beyond
+  // kLongestTimeout (31 years; infinity included) wait that long: the
+  // clock's nanoseconds would overflow past about 292 years.
+  static constexpr double kLongestTimeout = 1e9;
   Clock::time_point Deadline() const {
-    return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_));
+    return Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                              std::chrono::duration<double>(std::min(timeout_, kLongestTimeout)));
   }
 
   // Whether a wait on message `seq` would return at once: it is there, the

@@ -285,6 +285,11 @@ Status RunMpi(const std::function<Status(Comm&)>& fn) {
     comm.Abort(result);  // terminates the job; should it return, the failure still stands
     return result;
   }
+  // Every rank leaves together: a rank that finished must not be inside
+  // MPI_Finalize (or gone) while another calls MPI_Abort, which can leave
+  // OpenMPI 4.1's mpiexec waiting forever; here it waits in the barrier and
+  // the abort ends it.
+  DISTCA_RETURN_IF_ERROR(MpiCheck(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier before leaving"));
   // MPI initialized by the caller is the caller's to finalize.
   if (!initialized) DISTCA_RETURN_IF_ERROR(MpiCheck(MPI_Finalize(), "MPI_Finalize"));
   return Status::Ok();

@@ -99,11 +99,10 @@ Status ValidateModelConfig(const ModelConfig& c) {
                     d, c.hidden, c.q_heads, AttentionShape::kMaxHeadDim));
   }
   if (!(std::isfinite(c.rope_theta) && c.rope_theta > 0.0f)) {
-    return Status::InvalidArgument(
-        fmt::format("rope_theta must be finite and positive, got {} (--rotary-base)", c.rope_theta));
+    return Status::InvalidArgument(fmt::format("rope_theta must be finite and positive, got {}", c.rope_theta));
   }
   if (!(std::isfinite(c.norm_eps) && c.norm_eps > 0.0f)) {
-    return Status::InvalidArgument(fmt::format("norm_eps must be finite and > 0, got {} (--norm-epsilon)", c.norm_eps));
+    return Status::InvalidArgument(fmt::format("norm_eps must be finite and > 0, got {}", c.norm_eps));
   }
   // The widths alone do not bound the total: 10,000 layers of hidden 2^24
   // hold about 2^64 parameters. Counted in 128 bits, as ParamLayout lays

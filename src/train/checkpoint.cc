@@ -6,6 +6,7 @@
 #include <stdio.h>
 
 #include <bit>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -22,10 +23,24 @@ using nlohmann::json;
 
 static_assert(std::endian::native == std::endian::little, "safetensors data is little-endian");
 
-constexpr const char* kFormat = "distca-checkpoint-1";
+// 2: state.json records the learning-rate schedule.
+constexpr const char* kFormat = "distca-checkpoint-2";
 constexpr uint64_t kMaxHeaderBytes = uint64_t{100} << 20;  // the safetensors spec's limit
 
 std::string StepDirName(int64_t step) { return fmt::format("step-{:08d}", step); }
+
+// state.json's whole numbers: JSON's 1.5, true or "2" are refused rather
+// than truncated or converted, and negative ones (a seed of -1 would wrap).
+template <class T>
+Status ReadCount(const json& object, const char* key, const std::string& where, T* out) {
+  const auto it = object.find(key);
+  if (it == object.end()) return Status::InvalidArgument(fmt::format("{}/state.json lacks '{}'", where, key));
+  if (!it->is_number_unsigned() || it->get<uint64_t>() > uint64_t(std::numeric_limits<T>::max()))
+    return Status::InvalidArgument(
+        fmt::format("{}/state.json: '{}' must be a whole number >= 0, got {}", where, key, it->dump()));
+  *out = static_cast<T>(it->get<uint64_t>());
+  return Status::Ok();
+}
 
 json ConfigJson(const ModelConfig& c) {
   return {{"vocab_size", c.vocab_size}, {"num_layers", c.num_layers}, {"hidden", c.hidden},
@@ -144,6 +159,7 @@ Status ReadSafetensors(const std::string& path, SafetensorsFile* file) {
     if (entry["dtype"] != "F32")
       return Status::InvalidArgument(
           fmt::format("{} has dtype {}; only F32 is supported", where, entry["dtype"].dump()));
+    if (!entry["shape"].is_array()) return Status::InvalidArgument(where + ": shape is not an array");
     SafetensorsFile::Entry e;
     // The element count, bounded by the file's data (a shape whose product
     // overflows, or outgrows the file, is refused before anything is
@@ -196,6 +212,19 @@ Status ReadSafetensors(const std::string& path, SafetensorsFile* file) {
 
 Status SaveCheckpoint(const std::string& dir, const Transformer& model, const AdamW& optimizer,
                       const TrainState& state) {
+  // A checkpoint of non-finite values could only poison a resumed run.
+  const std::vector<ParamTensor>& tensors = model.tensors();
+  for (const auto& [what, base] : {std::pair<const char*, const float*>{"weights", model.params()},
+                                   {"first moments", optimizer.m().data()},
+                                   {"second moments", optimizer.v().data()}}) {
+    for (const ParamTensor& t : tensors)
+      for (int64_t i = 0; i < t.size; ++i)
+        if (!std::isfinite(base[t.offset + i]))
+          return Status::FailedPrecondition(
+              fmt::format("step {}: {} of '{}' are not finite (lower --lr?); "
+                          "no checkpoint written",
+                          state.step, what, t.name));
+  }
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return Status::IoError(fmt::format("cannot create checkpoint directory '{}': {}", dir, ec.message()));
@@ -222,6 +251,11 @@ Status SaveCheckpoint(const std::string& dir, const Transformer& model, const Ad
                     {"epoch", state.data.epoch},
                     {"cursor", state.data.cursor},
                     {"offset", state.data.offset}}},
+                  {"schedule",
+                   {{"lr", state.schedule.lr},
+                    {"min_lr", state.schedule.min_lr},
+                    {"warmup_steps", state.schedule.warmup_steps},
+                    {"decay_steps", state.schedule.decay_steps}}},
                   {"model", ConfigJson(model.config())},
                   {"parameters", model.size()}};
   DISTCA_RETURN_IF_ERROR(WriteFileAtomic((tmp / "state.json").string(), j.dump(2) + "\n"));
@@ -269,22 +303,35 @@ Status LoadCheckpoint(const std::string& dir, Transformer* model, AdamW* optimiz
   int64_t optimizer_step = 0;
   try {
     j = json::parse(text);
-    if (j.value("format", "") != kFormat)
+    if (!j.is_object() || j.value("format", "") != kFormat)
       return Status::InvalidArgument(fmt::format("{}/state.json: format is not '{}'", where, kFormat));
     if (j.at("model") != ConfigJson(model->config()))
       return Status::InvalidArgument(fmt::format("{} was written for model {}, but this run's model is {}", where,
                                                  j.at("model").dump(), ConfigJson(model->config()).dump()));
-    st.step = j.at("step").get<int64_t>();
-    st.seed = j.at("seed").get<uint64_t>();
-    optimizer_step = j.at("optimizer_step").get<int64_t>();
+    DISTCA_RETURN_IF_ERROR(ReadCount(j, "step", where, &st.step));
+    DISTCA_RETURN_IF_ERROR(ReadCount(j, "seed", where, &st.seed));
+    DISTCA_RETURN_IF_ERROR(ReadCount(j, "optimizer_step", where, &optimizer_step));
     const json& d = j.at("data");
-    st.data = {d.at("step").get<int64_t>(), d.at("epoch").get<int64_t>(), d.at("cursor").get<int64_t>(),
-               d.at("offset").get<int64_t>()};
+    if (!d.is_object()) return Status::InvalidArgument(fmt::format("{}/state.json: 'data' is not an object", where));
+    DISTCA_RETURN_IF_ERROR(ReadCount(d, "step", where, &st.data.step));
+    DISTCA_RETURN_IF_ERROR(ReadCount(d, "epoch", where, &st.data.epoch));
+    DISTCA_RETURN_IF_ERROR(ReadCount(d, "cursor", where, &st.data.cursor));
+    DISTCA_RETURN_IF_ERROR(ReadCount(d, "offset", where, &st.data.offset));
+    const json& s = j.at("schedule");
+    if (!s.is_object() || !s.at("lr").is_number() || !s.at("min_lr").is_number())
+      return Status::InvalidArgument(fmt::format("{}/state.json: 'schedule' lacks numbers lr and min_lr", where));
+    st.schedule.lr = s.at("lr").get<float>();
+    st.schedule.min_lr = s.at("min_lr").get<float>();
+    DISTCA_RETURN_IF_ERROR(ReadCount(s, "warmup_steps", where, &st.schedule.warmup_steps));
+    DISTCA_RETURN_IF_ERROR(ReadCount(s, "decay_steps", where, &st.schedule.decay_steps));
   } catch (const json::exception& e) {
     return Status::InvalidArgument(fmt::format("{}/state.json is malformed: {}", where, e.what()));
   }
-  if (st.step < 0 || optimizer_step < 0)
-    return Status::InvalidArgument(fmt::format("{}/state.json: negative step", where));
+  // The trainer steps the optimizer once per step: its bias correction
+  // counts the same steps.
+  if (optimizer_step != st.step)
+    return Status::InvalidArgument(
+        fmt::format("{}/state.json: optimizer_step {} is not the step {}", where, optimizer_step, st.step));
 
   // Everything is read and checked before the model or the optimizer is
   // touched; then the tensors are copied straight into them. The moments go

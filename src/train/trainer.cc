@@ -118,6 +118,7 @@ double LoadMaxOverMean(const std::vector<Plan>& plans) {
 
 // The cosine schedule's length: --lr-decay-steps, or the run's steps.
 int64_t DecaySteps(const TrainOptions& o) { return o.lr_decay_steps > 0 ? o.lr_decay_steps : o.steps; }
+LrSchedule ScheduleOf(const TrainOptions& o) { return {o.lr, o.min_lr, o.warmup_steps, DecaySteps(o)}; }
 
 Status CheckOptions(const Comm& comm, const TrainOptions& o) {
   DISTCA_RETURN_IF_ERROR(ValidateModelConfig(o.model));
@@ -142,9 +143,17 @@ Status CheckOptions(const Comm& comm, const TrainOptions& o) {
     return Status::OutOfRange(
         fmt::format("--tokens-per-rank {} over {} ranks is above the limit of {} tokens per batch", o.tokens_per_rank,
                     comm.size(), kMaxTokensPerBatch));
-  if (!(o.lr > 0) || !(o.min_lr >= 0) || o.min_lr > o.lr)
+  if (!(o.lr > 0) || !(o.min_lr >= 0) || o.min_lr > o.lr || !std::isfinite(o.lr))
     return Status::InvalidArgument(
-        fmt::format("need 0 <= --min-lr <= --lr and --lr > 0, got {} and {}", o.min_lr, o.lr));
+        fmt::format("need 0 <= --min-lr <= --lr, --lr > 0 and finite, got {} and {}", o.min_lr, o.lr));
+  const AdamWOptions& a = o.adamw;
+  if (!(a.weight_decay >= 0) || !std::isfinite(a.weight_decay))
+    return Status::InvalidArgument(fmt::format("--weight-decay must be finite and >= 0, got {}", a.weight_decay));
+  if (!(a.beta1 >= 0 && a.beta1 < 1) || !(a.beta2 >= 0 && a.beta2 < 1) || !(a.eps > 0) || !std::isfinite(a.eps))
+    return Status::InvalidArgument(
+        fmt::format("AdamW needs betas in [0, 1) and a finite eps > 0, got {}, {} and {}", a.beta1, a.beta2, a.eps));
+  if (!(o.grad_clip >= 0) || !std::isfinite(o.grad_clip))
+    return Status::InvalidArgument(fmt::format("--clip-grad must be finite and >= 0, got {}", o.grad_clip));
   if (o.warmup_steps < 0 || o.lr_decay_steps < 0)
     return Status::InvalidArgument(fmt::format("--warmup-steps and --lr-decay-steps must be >= 0, got {} and {}",
                                                o.warmup_steps, o.lr_decay_steps));
@@ -162,8 +171,9 @@ Status CheckOptions(const Comm& comm, const TrainOptions& o) {
 // the OOM killer. Per rank, at least: fp32 weights, gradients and AdamW's two
 // moments (16 bytes per parameter), and the activations the backward pass
 // needs, (4h + 2h_kv + 3 ffn) floats per token and layer (the norms' and
-// projections' inputs and outputs, the MLP's gate, up and SwiGLU) plus the
-// logits (vocab floats per token), or, where a checkpoint is loaded before
+// projections' inputs and outputs, the MLP's gate, up and SwiGLU) plus one
+// chunk of logits (ModelPass computes the LM head in chunks of at most
+// kDefaultMaxLogitFloats floats, or one row), or, where a checkpoint is loaded before
 // the first step allocates them, the larger of those and what loading holds
 // (kLoadBytesPerParameter); times the ranks that share this machine
 // (Comm::machine_ranks: all of them with the local backend, the node's under
@@ -173,9 +183,10 @@ Status CheckMemory(const Comm& comm, const TrainOptions& o, int64_t tokens_per_r
   const int64_t params = ParameterCount(m);
   const double state = 16.0 * double(params);
   const double per_token =
-      4.0 *
-      (double(m.num_layers) * (4.0 * m.hidden + 2.0 * m.kv_heads * m.head_dim() + 3.0 * m.ffn_hidden) + m.vocab_size);
-  const double activations = per_token * double(tokens_per_rank);
+      4.0 * double(m.num_layers) * (4.0 * m.hidden + 2.0 * m.kv_heads * m.head_dim() + 3.0 * m.ffn_hidden);
+  const double logits = 4.0 * std::min(double(m.vocab_size) * double(tokens_per_rank),
+                                       std::max(double(m.vocab_size), double(ModelPass::kDefaultMaxLogitFloats)));
+  const double activations = per_token * double(tokens_per_rank) + logits;
   const double loading = o.load_dir.empty() ? 0.0 : double(kLoadBytesPerParameter) * double(params);
   const double transient = std::max(activations, loading);
   const int sharing = comm.machine_ranks();
@@ -223,6 +234,11 @@ Status ParseAttentionMode(std::string_view name, AttentionMode* mode) {
   return Status::Ok();
 }
 
+std::string DescribeSchedule(const LrSchedule& s) {
+  return fmt::format("lr {} to min-lr {}, warmup {} steps, decay over {} steps", s.lr, s.min_lr, s.warmup_steps,
+                     s.decay_steps);
+}
+
 Status Train(Comm& comm, const TrainOptions& options, const std::function<void(const StepMetrics&)>& on_step) {
   DISTCA_RETURN_IF_ERROR(CheckOptions(comm, options));
   const TrainOptions& o = options;
@@ -253,6 +269,14 @@ Status Train(Comm& comm, const TrainOptions& options, const std::function<void(c
     if (state.seed != o.seed)
       return Status::InvalidArgument(
           fmt::format("{} was trained with --seed {}, this run has --seed {}", o.load_dir, state.seed, o.seed));
+    // Resuming continues the checkpoint's learning-rate schedule; another
+    // one would silently change what the resumed steps train on.
+    if (state.schedule != ScheduleOf(o))
+      return Status::InvalidArgument(fmt::format(
+          "{} was trained on the learning-rate schedule {}; this run's is {}. Give the same --lr, --min-lr, "
+          "--warmup-steps and --lr-decay-steps to continue it (--lr-decay-steps defaults to --steps: set it "
+          "to the final step in every run)",
+          o.load_dir, DescribeSchedule(state.schedule), DescribeSchedule(ScheduleOf(o))));
     DISTCA_RETURN_IF_ERROR(stream->Seek(state.data));
     step = state.step;
     if (step >= o.steps)
@@ -356,7 +380,7 @@ Status Train(Comm& comm, const TrainOptions& options, const std::function<void(c
     DISTCA_RETURN_IF_ERROR(GatherToRoot(comm, mine, &reports));
 
     if (!o.save_dir.empty() && rank == 0 && ((o.save_every > 0 && step % o.save_every == 0) || step == o.steps)) {
-      const TrainState state{step, stream->position(), o.seed};
+      const TrainState state{step, stream->position(), o.seed, ScheduleOf(o)};
       DISTCA_RETURN_IF_ERROR(SaveCheckpoint(o.save_dir, *model, optimizer, state));
     }
     if (!o.save_dir.empty()) DISTCA_RETURN_IF_ERROR(comm.Barrier());  // no rank runs ahead of a failed save

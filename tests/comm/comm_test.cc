@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <limits>
 #include <stdexcept>
 #include <thread>
 
@@ -89,6 +90,25 @@ TEST(LocalCommTest, PolledReceivesTimeOutToo) {
       0.2);
   EXPECT_EQ(s.code(), StatusCode::kUnavailable);
   EXPECT_NE(s.message().find("rank 0 waited 0.2 s for a message from rank 1"), std::string::npos) << s.ToString();
+}
+
+// Timeouts too long for the clock's nanoseconds (infinity included) wait
+// for the message rather than fail at once.
+TEST(LocalCommTest, HugeTimeoutsStillWait) {
+  for (double timeout : {1e10, std::numeric_limits<double>::infinity()}) {
+    const Status s = RunLocal(
+        2,
+        [](Comm& c) -> Status {
+          int64_t x = 5;
+          if (c.rank() == 0) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+            return c.Send(&x, sizeof x, 1, 0);
+          }
+          return c.Recv(&x, sizeof x, 0, 0);
+        },
+        timeout);
+    EXPECT_TRUE(s.ok()) << timeout << ": " << s.ToString();
+  }
 }
 
 TEST(LocalCommTest, SizeMismatchIsAnError) {

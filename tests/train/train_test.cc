@@ -1,8 +1,13 @@
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <limits>
+#include <tuple>
 
+#include "common/file_util.h"
 #include "distca/dataset.h"
 #include "train/train_testing.h"
 
@@ -75,6 +80,15 @@ TEST(TrainTest, ResumeIsExact) {
     ASSERT_TRUE(s.ok()) << s.ToString();
     TrainOptions second = t;
     second.load_dir = dir;
+    // Another schedule (here a run of 6 steps, which by default decays over
+    // 6) would train the resumed steps differently: refused.
+    TrainOptions longer = second;
+    longer.steps = 6;
+    s = RunLocal(2, [&](Comm& comm) { return Train(comm, longer, nullptr); });
+    EXPECT_NE(s.message().find("decay over 4 steps; this run's is lr 0.001 to min-lr 0.0001, warmup 0 steps, decay "
+                               "over 6 steps"),
+              std::string::npos)
+        << s.ToString();
     s = RunLocal(
         2, [&](Comm& comm) { return Train(comm, second, [&](const StepMetrics& m) { resumed.push_back(m.loss); }); });
     ASSERT_TRUE(s.ok()) << s.ToString();
@@ -99,7 +113,8 @@ TEST(TrainTest, CheckpointRoundTripAndCorruption) {
   opt.set_step(5);
   const std::string dir = testing::ScratchDir("ckpt");
   std::filesystem::remove_all(dir);
-  ASSERT_TRUE(SaveCheckpoint(dir, *model, opt, {5, {5, 1, 2, 3}, 42}).ok());
+  const LrSchedule schedule{3e-3f, 1e-4f, 2, 40};
+  ASSERT_TRUE(SaveCheckpoint(dir, *model, opt, {5, {5, 1, 2, 3}, 42, schedule}).ok());
 
   ASSERT_TRUE(Transformer::Create(c, &other).ok());
   AdamW opt2(*other, {});
@@ -109,6 +124,7 @@ TEST(TrainTest, CheckpointRoundTripAndCorruption) {
   EXPECT_EQ(st.step, 5);
   EXPECT_EQ(st.seed, 42u);
   EXPECT_EQ(st.data.cursor, 2);
+  EXPECT_TRUE(st.schedule == schedule) << DescribeSchedule(st.schedule);
   EXPECT_EQ(opt2.step(), 5);
   EXPECT_EQ(std::memcmp(model->params(), other->params(), sizeof(float) * size_t(model->size())), 0);
   EXPECT_EQ(opt.m(), opt2.m());
@@ -139,7 +155,7 @@ TEST(TrainTest, CheckpointRoundTripAndCorruption) {
 
   // Saving the same step again replaces the broken one (swapped in whole):
   // it loads, with the new state, and no scratch directory is left.
-  ASSERT_TRUE(SaveCheckpoint(dir, *model, opt, {5, {5, 1, 4, 3}, 43}).ok());
+  ASSERT_TRUE(SaveCheckpoint(dir, *model, opt, {5, {5, 1, 4, 3}, 43, schedule}).ok());
   s = LoadCheckpoint(dir, fresh.get(), &opt4, &st);
   ASSERT_TRUE(s.ok()) << s.ToString();
   EXPECT_EQ(st.seed, 43u);
@@ -153,7 +169,7 @@ TEST(TrainTest, CheckpointRoundTripAndCorruption) {
   // the weights or the moments are copied.
   const std::string other_dir = testing::ScratchDir("ckpt-other");
   std::filesystem::remove_all(other_dir);
-  ASSERT_TRUE(SaveCheckpoint(other_dir, *model, opt, {6, {6, 1, 2, 3}, 43}).ok());
+  ASSERT_TRUE(SaveCheckpoint(other_dir, *model, opt, {6, {6, 1, 2, 3}, 43, schedule}).ok());
   const std::string moments = dir + "/step-00000005/optimizer.safetensors";
   std::filesystem::copy_file(other_dir + "/step-00000006/optimizer.safetensors", moments,
                              std::filesystem::copy_options::overwrite_existing);
@@ -182,6 +198,37 @@ TEST(TrainTest, CheckpointRoundTripAndCorruption) {
   EXPECT_EQ(opt.m(), opt5.m());
   EXPECT_EQ(opt.v(), opt5.v());
   std::filesystem::remove_all(other_dir);
+
+  // state.json's numbers: whole, non-negative, the optimizer at the step.
+  const std::string state_path = dir + "/step-00000005/state.json";
+  std::string good_state;
+  ASSERT_TRUE(ReadTextFile(state_path, &good_state).ok());
+  const auto with = [&](const std::string& from, const std::string& to) {
+    std::string text = good_state;
+    const size_t at = text.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    if (at != std::string::npos) text.replace(at, from.size(), to);
+    std::ofstream(state_path) << text;
+  };
+  for (const auto& [from, to, message] :
+       {std::tuple<std::string, std::string, std::string>{"\"step\": 5", "\"step\": 5.5",
+                                                          "'step' must be a whole number"},
+        {"\"seed\": 43", "\"seed\": -1", "'seed' must be a whole number >= 0, got -1"},
+        {"\"optimizer_step\": 5", "\"optimizer_step\": 0", "optimizer_step 0 is not the step 5"},
+        {"\"cursor\": 4", "\"cursor\": true", "'cursor' must be a whole number"},
+        {"\"decay_steps\": 40", "\"decay_stepz\": 40", "lacks 'decay_steps'"}}) {
+    with(from, to);
+    s = LoadCheckpoint(dir, fresh.get(), &opt4, &st);
+    EXPECT_NE(s.message().find(message), std::string::npos) << to << ": " << s.ToString();
+  }
+  with("\"step\": 5", "\"step\": 5");  // unchanged: loads
+  ASSERT_TRUE(LoadCheckpoint(dir, fresh.get(), &opt4, &st).ok());
+
+  // Non-finite weights or moments are not saved.
+  opt.v()[3] = std::numeric_limits<float>::infinity();
+  s = SaveCheckpoint(dir, *model, opt, {6, {6, 1, 2, 3}, 42, schedule});
+  EXPECT_NE(s.message().find("step 6: second moments of 'embed' are not finite"), std::string::npos) << s.ToString();
+  EXPECT_FALSE(std::filesystem::exists(dir + "/step-00000006"));
 
   // Garbage state.json.
   std::ofstream(dir + "/step-00000005/state.json") << "{not json";
@@ -216,6 +263,11 @@ TEST(TrainTest, SafetensorsRejectsBadHeaders) {
   EXPECT_FALSE(ReadSafetensors(dir + "/b.safetensors", &f).ok());
   write_raw("[1,2", 0);
   EXPECT_FALSE(ReadSafetensors(dir + "/b.safetensors", &f).ok());
+  for (const char* shape : {"3", R"({"a":3})"}) {  // not an array
+    write_raw(std::string(R"({"x":{"dtype":"F32","shape":)") + shape + R"(,"data_offsets":[0,12]}})", 12);
+    const Status bad = ReadSafetensors(dir + "/b.safetensors", &f);
+    EXPECT_NE(bad.message().find("shape is not an array"), std::string::npos) << shape << ": " << bad.ToString();
+  }
   // A shape whose element count wraps (2^62 x 4 bytes = 0 mod 2^64) or
   // outgrows the file is refused before anything is allocated.
   write_raw(R"({"x":{"dtype":"F32","shape":[4611686018427387904],"data_offsets":[0,0]}})", 0);
@@ -227,6 +279,51 @@ TEST(TrainTest, SafetensorsRejectsBadHeaders) {
   write_raw(R"({"x":{"dtype":"F32","shape":[65536,0,65536],"data_offsets":[0,0]}})", 0);
   EXPECT_TRUE(ReadSafetensors(dir + "/b.safetensors", &f).ok());  // no elements at all
   std::filesystem::remove_all(dir);
+}
+
+// The trainer's first step against the single-process oracle
+// (ModelLossAndGrad over the same batch): loss and gradient norm agree,
+// colocated and CAD, up to the order of float sums. CAD is otherwise only
+// compared with colocated, which shares the trainer's row layout, loss
+// scaling and all-reduce with it.
+TEST(TrainTest, FirstStepMatchesTheSingleProcessOracle) {
+  for (AttentionMode mode : {AttentionMode::kColocated, AttentionMode::kCad}) {
+    TrainOptions t = TinyTrainOptions(2);
+    t.attention = mode;
+    t.steps = 1;
+    t.grad_clip = 0;  // the reported norm is the unclipped one either way; no clip keeps it simple
+    double loss = 0, grad_norm = 0;
+    Status s = RunLocal(2, [&](Comm& comm) {
+      return Train(comm, t, [&](const StepMetrics& m) {
+        loss = m.loss;
+        grad_norm = m.grad_norm;
+      });
+    });
+    ASSERT_TRUE(s.ok()) << s.ToString();
+
+    DataOptions d = t.data;
+    d.seed = t.seed;
+    d.vocab_size = t.model.vocab_size;
+    d.tokens_per_batch = 2 * t.tokens_per_rank;
+    std::unique_ptr<BatchStream> stream;
+    ASSERT_TRUE(BatchStream::Open(d, &stream).ok());
+    Batch batch;
+    ASSERT_TRUE(stream->Next(&batch).ok());
+    std::unique_ptr<Transformer> model;
+    ASSERT_TRUE(Transformer::Create(t.model, &model).ok());
+    model->InitWeights(t.seed);
+    model->ZeroGrads();
+    int64_t targets = 0;
+    for (const auto& doc : batch.docs) targets += int64_t(doc.size()) - 1;
+    double sum = 0;
+    int64_t counted = 0;
+    ASSERT_TRUE(ModelLossAndGrad(model.get(), batch.docs, 1.0 / double(targets), &sum, &counted).ok());
+    ASSERT_EQ(counted, targets);
+    double norm2 = 0;
+    for (int64_t i = 0; i < model->size(); ++i) norm2 += double(model->grads()[i]) * double(model->grads()[i]);
+    EXPECT_NEAR(loss, sum / double(targets), 1e-6 * loss) << AttentionModeName(mode);
+    EXPECT_NEAR(grad_norm, std::sqrt(norm2), 1e-5 * grad_norm) << AttentionModeName(mode);
+  }
 }
 
 TEST(TrainTest, BadOptionsAreRejected) {
@@ -257,6 +354,20 @@ TEST(TrainTest, BadOptionsAreRejected) {
   t.servers = 2;
   s = RunLocal(2, [&](Comm& comm) { return Train(comm, t, nullptr); });
   EXPECT_FALSE(s.ok());
+  // Rates and optimizer settings that could only write non-finite weights.
+  const float inf = std::numeric_limits<float>::infinity();
+  for (const auto& [set, message] : std::vector<std::pair<std::function<void(TrainOptions*)>, std::string>>{
+           {[&](TrainOptions* o) { o->lr = inf; }, "--lr > 0 and finite"},
+           {[&](TrainOptions* o) { o->adamw.weight_decay = inf; }, "--weight-decay must be finite"},
+           {[&](TrainOptions* o) { o->adamw.weight_decay = std::nanf(""); }, "--weight-decay must be finite"},
+           {[&](TrainOptions* o) { o->adamw.beta1 = 1; }, "betas in [0, 1)"},
+           {[&](TrainOptions* o) { o->adamw.eps = 0; }, "a finite eps > 0"},
+           {[&](TrainOptions* o) { o->grad_clip = double(inf); }, "--clip-grad must be finite"}}) {
+    t = TinyTrainOptions(2);
+    set(&t);
+    s = RunLocal(2, [&](Comm& comm) { return Train(comm, t, nullptr); });
+    EXPECT_NE(s.message().find(message), std::string::npos) << s.ToString();
+  }
   // Two local ranks share the process: 2 x (16 bytes per parameter + the
   // activations' lower bound) must fit.
   t = TinyTrainOptions(2);
@@ -272,6 +383,24 @@ TEST(TrainTest, BadOptionsAreRejected) {
   t.steps = 1;
   s = RunLocal(2, [&](Comm& comm) { return Train(comm, t, nullptr); });
   EXPECT_TRUE(s.ok()) << s.ToString();
+  // With a vocabulary of 2^16, 512 tokens' logits (2^25 floats) are more
+  // than one LM-head chunk (2^24): the check counts the chunk.
+  {
+    TrainOptions v = TinyTrainOptions(2);
+    v.model.vocab_size = 1 << 16;
+    v.steps = 1;
+    const ModelConfig& w = v.model;
+    const double held = 16.0 * double(ParameterCount(w)) +
+                        4.0 * double(v.tokens_per_rank) * w.num_layers *
+                            (4.0 * w.hidden + 2.0 * w.kv_heads * w.head_dim() + 3.0 * w.ffn_hidden) +
+                        4.0 * double(ModelPass::kDefaultMaxLogitFloats);
+    v.memory_bytes = 2 * held * (1 - 1e-9);
+    s = RunLocal(2, [&](Comm& comm) { return Train(comm, v, nullptr); });
+    EXPECT_NE(s.message().find("more than memory_bytes"), std::string::npos) << s.message();
+    v.memory_bytes = 2 * held * (1 + 1e-9);
+    s = RunLocal(2, [&](Comm& comm) { return Train(comm, v, nullptr); });
+    EXPECT_TRUE(s.ok()) << s.ToString();
+  }
   // Loading a checkpoint holds up to kLoadBytesPerParameter beyond the state
   // before the first step's activations: the check counts the larger.
   {
