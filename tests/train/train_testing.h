@@ -66,9 +66,12 @@ inline Status TrainAndCollect(Comm& comm, TrainOptions t, const std::string& nam
 // same sums in a different order differ by ~1e-7 relative). Parameters: the
 // runs differ only in the order of fp32 sums, so gradients agree to ~1e-6
 // relative; AdamW then moves each weight by about lr per step, and where a
-// gradient is near zero its normalized update can differ by up to ~lr. So we
-// bound the largest difference by lr x steps and the RMS difference by 1% of
-// that (an error in the math would move whole tensors by ~lr per step).
+// gradient is near zero its normalized update m / sqrt(v) amplifies that
+// difference. Measured (tiny model, 3 steps at lr 1e-3, 2 ranks): largest
+// difference 2e-6 to 1e-5, RMS 8e-9 to 3e-8. The bounds, 5% of lr x steps
+// for the largest and 0.1% for the RMS, leave 15x and 100x of that for other
+// machines' rounding; an error in the math moves whole tensors by ~lr per
+// step (one 64-weight norm tensor off by that raises the RMS to about 1e-4).
 inline Status CompareRuns(const TrainResult& ref, const TrainResult& got, const TrainOptions& t,
                           const std::string& what) {
   if (ref.losses.size() != got.losses.size())
@@ -88,11 +91,11 @@ inline Status CompareRuns(const TrainResult& ref, const TrainResult& got, const 
   }
   const double rms = std::sqrt(sq / double(std::max<size_t>(1, ref.params.size())));
   const double bound = double(t.lr) * double(t.steps);
-  if (!(max_diff <= bound) || !(rms <= 0.01 * bound))
+  if (!(max_diff <= 0.05 * bound) || !(rms <= 1e-3 * bound))
     return Status::Internal(
         fmt::format("{}: parameters differ from colocated: max {:.3g} (bound {:.3g}), rms {:.3g} "
                     "(bound {:.3g})",
-                    what, max_diff, bound, rms, 0.01 * bound));
+                    what, max_diff, 0.05 * bound, rms, 1e-3 * bound));
   return Status::Ok();
 }
 
