@@ -326,6 +326,27 @@ TEST(TrainTest, FirstStepMatchesTheSingleProcessOracle) {
   }
 }
 
+// A diverging run (a finite but absurd rate: step 1 moves every weight by
+// about 1e30) stops at the first non-finite loss or gradient norm, on every
+// rank, before the update; the checkpoint of step 1 holds finite weights,
+// and none is written after.
+TEST(TrainTest, DivergenceStopsTheRun) {
+  TrainOptions t = TinyTrainOptions(2);
+  t.lr = 1e30f;
+  t.min_lr = 0;
+  t.steps = 3;
+  t.save_dir = testing::ScratchDir("diverge");
+  t.save_every = 1;
+  std::filesystem::remove_all(t.save_dir);
+  const Status s = RunLocal(2, [&](Comm& comm) { return Train(comm, t, nullptr); });
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+  EXPECT_NE(s.message().find("step 2: the "), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("is not finite (lower --lr?)"), std::string::npos) << s.ToString();
+  EXPECT_TRUE(std::filesystem::exists(t.save_dir + "/step-00000001"));
+  EXPECT_FALSE(std::filesystem::exists(t.save_dir + "/step-00000002"));
+  std::filesystem::remove_all(t.save_dir);
+}
+
 TEST(TrainTest, BadOptionsAreRejected) {
   TrainOptions t = TinyTrainOptions(2);
   t.model.q_heads = 6;  // not a multiple of the 2 query groups... and 64 % 6 != 0
