@@ -122,6 +122,10 @@ Status SaveCheckpoint(const std::string& dir, const Transformer& model, const Ad
 // optimizer, loading holds at most kLoadBytesPerParameter bytes per parameter
 // at once (a tensor file's bytes and its tensors), freed when it returns.
 inline constexpr int64_t kLoadBytesPerParameter = 16;
+// Saving builds each tensor file in memory before writing it: at most the
+// optimizer file's two moments, 8 bytes per parameter, while the step's
+// buffers are still held.
+inline constexpr int64_t kSaveBytesPerParameter = 8;
 Status LoadCheckpoint(const std::string& dir, Transformer* model, AdamW* optimizer, TrainState* state);
 
 // Safetensors (https://github.com/huggingface/safetensors): 8-byte little-

@@ -175,7 +175,8 @@ Status CheckOptions(const Comm& comm, const TrainOptions& o) {
 // chunk of logits (ModelPass computes the LM head in chunks of at most
 // kDefaultMaxLogitFloats floats, or one row), or, where a checkpoint is loaded before
 // the first step allocates them, the larger of those and what loading holds
-// (kLoadBytesPerParameter); times the ranks that share this machine
+// (kLoadBytesPerParameter), and, with a save directory, what saving adds to
+// them (kSaveBytesPerParameter); times the ranks that share this machine
 // (Comm::machine_ranks: all of them with the local backend, the node's under
 // MPI). Containers' limits are not seen; set memory_bytes.
 Status CheckMemory(const Comm& comm, const TrainOptions& o, int64_t tokens_per_rank) {
@@ -186,7 +187,8 @@ Status CheckMemory(const Comm& comm, const TrainOptions& o, int64_t tokens_per_r
       4.0 * double(m.num_layers) * (4.0 * m.hidden + 2.0 * m.kv_heads * m.head_dim() + 3.0 * m.ffn_hidden);
   const double logits = 4.0 * std::min(double(m.vocab_size) * double(tokens_per_rank),
                                        std::max(double(m.vocab_size), double(ModelPass::kDefaultMaxLogitFloats)));
-  const double activations = per_token * double(tokens_per_rank) + logits;
+  const double saving = o.save_dir.empty() ? 0.0 : double(kSaveBytesPerParameter) * double(params);
+  const double activations = per_token * double(tokens_per_rank) + logits + saving;
   const double loading = o.load_dir.empty() ? 0.0 : double(kLoadBytesPerParameter) * double(params);
   const double transient = std::max(activations, loading);
   const int sharing = comm.machine_ranks();
@@ -201,7 +203,10 @@ Status CheckMemory(const Comm& comm, const TrainOptions& o, int64_t tokens_per_r
         "model {} ({} parameters) at {} tokens per rank needs at least {:.3g} GB per rank ({:.3g} for weights, "
         "gradients and AdamW state, {:.3g} for {}), {} rank(s) on this machine: more than {} ({:.3g} GB)",
         m.name, params, tokens_per_rank, (state + transient) * 1e-9, state * 1e-9, transient * 1e-9,
-        loading > activations ? "loading the checkpoint" : "activations", sharing, what, limit * 1e-9));
+        loading > activations ? "loading the checkpoint"
+        : saving > 0          ? "activations and writing a checkpoint"
+                              : "activations",
+        sharing, what, limit * 1e-9));
   return Status::Ok();
 }
 

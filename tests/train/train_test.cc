@@ -404,6 +404,12 @@ TEST(TrainTest, BadOptionsAreRejected) {
   t.steps = 1;
   s = RunLocal(2, [&](Comm& comm) { return Train(comm, t, nullptr); });
   EXPECT_TRUE(s.ok()) << s.ToString();
+  // Saving a checkpoint adds kSaveBytesPerParameter while the step's buffers are held.
+  t.save_dir = testing::ScratchDir("memory-save");
+  s = RunLocal(2, [&](Comm& comm) { return Train(comm, t, nullptr); });
+  EXPECT_NE(s.message().find("for activations and writing a checkpoint"), std::string::npos) << s.message();
+  EXPECT_FALSE(std::filesystem::exists(t.save_dir));
+  t.save_dir.clear();
   // With a vocabulary of 2^16, 512 tokens' logits (2^25 floats) are more
   // than one LM-head chunk (2^24): the check counts the chunk.
   {
