@@ -214,6 +214,17 @@ Status AttentionDispatcher::Create(const Plan& plan, int rank, const DispatchOpt
   if (o.q_heads <= 0 || o.kv_heads <= 0 || o.head_dim <= 0 || o.q_heads % o.kv_heads != 0)
     return Status::InvalidArgument(
         fmt::format("bad head shape: q_heads {}, kv_heads {}, head_dim {}", o.q_heads, o.kv_heads, o.head_dim));
+  // The plan's bytes (and any budget it was built under) are what this
+  // runtime sends only for its own row shape: fp32 rows of these heads.
+  const PlanModel& m = plan.model;
+  if (m.q_heads != o.q_heads || m.kv_heads != o.kv_heads || m.head_dim != o.head_dim ||
+      m.dtype_bytes != int(sizeof(float)))
+    return Status::InvalidArgument(fmt::format(
+        "the plan is costed for q_heads {}, kv_heads {}, head_dim {} in {}-byte elements; this runtime sends "
+        "q_heads {}, kv_heads {}, head_dim {} in 4-byte floats (plan it with that model: distca-plan --q-heads "
+        "{} --kv-heads {} --head-dim {} --dtype-bytes 4)",
+        m.q_heads, m.kv_heads, m.head_dim, m.dtype_bytes, o.q_heads, o.kv_heads, o.head_dim, o.q_heads, o.kv_heads,
+        o.head_dim));
   auto l = std::make_unique<Layout>();
   l->rank = rank;
   l->world = plan.servers();

@@ -3,7 +3,10 @@
 // modes; and the bytes moved equal the planner's exact estimate.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include "attn/attention_testing.h"
 #include "common/file_util.h"
@@ -139,6 +142,17 @@ TEST(DispatcherErrorsTest, RejectsBadArguments) {
   artifact.model.wire = PlanWire::kDistcaArtifact;
   const Status wrong_wire = AttentionDispatcher::Create(artifact, 0, o, &d);
   EXPECT_NE(wrong_wire.ToString().find("wire format"), std::string::npos) << wrong_wire.ToString();
+  // Nor is a plan costed for other rows (bf16, as distca-plan's default, or
+  // other heads): its bytes and budget would not be what moves.
+  for (const auto& [set, what] : std::vector<std::pair<std::function<void(PlanModel*)>, const char*>>{
+           {[](PlanModel* m) { m->dtype_bytes = 2; }, "in 2-byte elements"},
+           {[](PlanModel* m) { m->q_heads = 8; }, "costed for q_heads 8"},
+           {[](PlanModel* m) { m->head_dim = 32; }, "head_dim 32"}}) {
+    Plan other = plan;
+    set(&other.model);
+    const Status wrong_rows = AttentionDispatcher::Create(other, 0, o, &d);
+    EXPECT_NE(wrong_rows.message().find(what), std::string::npos) << wrong_rows.ToString();
+  }
   // A malformed plan (as a file could hold) is refused before anything is
   // indexed by its ranks, documents or rows.
   Plan bad = plan;
