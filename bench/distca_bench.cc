@@ -83,6 +83,18 @@ int main(int argc, char** argv) {
       ->check(distca::cli::kPositive);
 
   if (int rc = 0; !distca::cli::Parse(app, argc, argv, &rc)) return rc;
+  // Flags the chosen mode ignores are refused, as the tools do.
+  if (attention->parsed()) {
+    const bool table = attention->count("--table-out") > 0;
+    const char* ignored = table ? distca::cli::FirstGiven(*attention, {"--threads", "--json"})
+                                : distca::cli::FirstGiven(*attention, {"--q-heads", "--kv-heads", "--head-dim"});
+    if (ignored != nullptr) {
+      std::fprintf(stderr, "distca-bench attention: %s %s\n", ignored,
+                   table ? "applies to the benchmark, not to --table-out (one thread, a CSV file)"
+                         : "applies to --table-out only (the benchmark runs its own head shapes)");
+      return 2;
+    }
+  }
 
   const std::map<std::string, distca::AttentionKernel> kernels = {{"auto", distca::AttentionKernel::kAuto},
                                                                   {"scalar", distca::AttentionKernel::kScalar},

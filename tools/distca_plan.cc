@@ -120,6 +120,8 @@ int Run(int argc, char** argv) {
   Status s = distca::ParsePlanPolicy(a.policy, &a.plan.policy);
   if (!s.ok()) return Fail(s.message());
   if (a.batch && a.docs_file.empty()) return Fail("--batch needs --docs-file");
+  if (a.plan.budget_per_exchange && a.plan.comm_budget == 0)
+    return Fail("--budget-per-exchange says what --comm-budget bounds: it needs a positive --comm-budget");
   if (!a.docs_file.empty()) {
     const char* flag = distca::cli::FirstGiven(app, distca::cli::kSamplingFlags);
     if (flag == nullptr) flag = distca::cli::FirstGiven(app, {"--max-doc-len"});
