@@ -70,7 +70,8 @@ class PingPongExecutor {
 
   // All layers forward; keeps what backward needs (per layer and nano-batch).
   Status Forward(LayerCallbacks& callbacks);
-  // All layers backward, last layer first. Needs a preceding Forward.
+  // All layers backward, last layer first. Needs a preceding Forward that
+  // completed, one Backward per Forward (else FailedPrecondition).
   Status Backward(LayerCallbacks& callbacks);
 
   // Seconds the compute thread spent waiting on transfers in the last

@@ -113,6 +113,8 @@ class AttentionDispatcher {
 
  private:
   explicit AttentionDispatcher(std::unique_ptr<Layout> layout);
+  // The comm is the one the dispatcher was built for (its rank and size).
+  Status CheckComm(const Comm& comm) const;
   std::unique_ptr<Layout> layout_;
 };
 

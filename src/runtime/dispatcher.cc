@@ -309,12 +309,18 @@ Status AttentionDispatcher::Create(const Plan& plan, int rank, const DispatchOpt
 // ---------------------------------------------------------------------------
 // Forward.
 
-Status AttentionDispatcher::StartForward(Comm& comm, const float* q, const float* k, const float* v,
-                                         AttentionContext* ctx) {
-  Layout& l = *layout_;
+Status AttentionDispatcher::CheckComm(const Comm& comm) const {
+  const Layout& l = *layout_;
   if (comm.size() != l.world || comm.rank() != l.rank)
     return Status::InvalidArgument(fmt::format("comm is rank {} of {}, the dispatcher was built for rank {} of {}",
                                                comm.rank(), comm.size(), l.rank, l.world));
+  return Status::Ok();
+}
+
+Status AttentionDispatcher::StartForward(Comm& comm, const float* q, const float* k, const float* v,
+                                         AttentionContext* ctx) {
+  Layout& l = *layout_;
+  DISTCA_RETURN_IF_ERROR(CheckComm(comm));
   AttentionContext::State& st = ctx->state();
   const int64_t qw = QWidth(l), kw = KvWidth(l);
   st.q.assign(size_t(l.server_q_rows * qw), 0.0f);
@@ -431,6 +437,7 @@ Status AttentionDispatcher::Forward(Comm& comm, const float* q, const float* k, 
 Status AttentionDispatcher::StartBackward(Comm& comm, const float* q, const float* k, const float* v, const float* out,
                                           const float* lse, const float* dout, AttentionContext* ctx) {
   Layout& l = *layout_;
+  DISTCA_RETURN_IF_ERROR(CheckComm(comm));
   AttentionContext::State& st = ctx->state();
   const bool cached = l.options.backward == BackwardMode::kCached;
   if (cached && !st.forward_done)

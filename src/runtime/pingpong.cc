@@ -225,6 +225,7 @@ class PingPongExecutor::Impl {
   }
 
   std::vector<AttentionContext*> current_ctx_;
+  bool forward_done = false;  // a Forward completed and no Backward has run since
 };
 
 PingPongExecutor::PingPongExecutor(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -275,13 +276,20 @@ const ExecutorTimes& PingPongExecutor::times() const { return impl_->times; }
 
 Status PingPongExecutor::Forward(LayerCallbacks& callbacks) {
   impl_->times = ExecutorTimes{};
+  impl_->forward_done = false;
   for (int layer = 0; layer < impl_->options.layers; ++layer)
     for (const std::vector<int>& group : impl_->Groups())
       DISTCA_RETURN_IF_ERROR(impl_->ForwardGroup(callbacks, layer, group));
+  impl_->forward_done = true;
   return Status::Ok();
 }
 
 Status PingPongExecutor::Backward(LayerCallbacks& callbacks) {
+  // Every layer's saved Q, K, V, O and LSE come from the last whole Forward
+  // (a stateless backward would otherwise run on zeros, or on a failed
+  // forward's partial state).
+  if (!impl_->forward_done) return Status::FailedPrecondition("Backward needs a preceding Forward that completed");
+  impl_->forward_done = false;  // one backward per forward
   for (int layer = impl_->options.layers - 1; layer >= 0; --layer)
     for (const std::vector<int>& group : impl_->Groups())
       DISTCA_RETURN_IF_ERROR(impl_->BackwardGroup(callbacks, layer, group));

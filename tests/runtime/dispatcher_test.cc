@@ -179,6 +179,14 @@ TEST(DispatcherErrorsTest, RejectsBadArguments) {
     return d->StartForward(comm, x.data(), x.data(), x.data(), &ctx);
   });
   EXPECT_NE(s.message().find("dispatcher was built for"), std::string::npos) << s.ToString();
+  // The backward checks the same (it would otherwise fail later, inside an
+  // all-to-all, without the dispatcher's context).
+  const Status b = RunOnRanks(co, [&](Comm& comm) -> Status {
+    AttentionContext ctx;
+    std::vector<float> x(1 << 16);
+    return d->StartBackward(comm, x.data(), x.data(), x.data(), x.data(), x.data(), x.data(), &ctx);
+  });
+  EXPECT_NE(b.message().find("dispatcher was built for"), std::string::npos) << b.ToString();
 }
 
 }  // namespace

@@ -67,6 +67,38 @@ TEST(PingPongTest, NanoBatchesBalanceTokensAndWork) {
   EXPECT_EQ(SplitNanoBatches({kMaxDocumentLength + 1, 5}, 2, &nano).code(), StatusCode::kOutOfRange);
 }
 
+// Backward runs on what the last completed Forward kept: without one (or a
+// second time after one) it is refused in both modes, not run on zeros.
+TEST(PingPongTest, BackwardNeedsACompletedForward) {
+  std::vector<Plan> plans;
+  ASSERT_TRUE(NanoPlans({200, 100, 150, 50}, 2, PlanPolicy::kDistca, 4, 2, 8, &plans).ok());
+  for (BackwardMode mode : {BackwardMode::kStateless, BackwardMode::kCached}) {
+    const Status s = RunLocal(2, [&](Comm& c) -> Status {
+      PingPongOptions o;
+      o.layers = 2;
+      o.dispatch.q_heads = 4;
+      o.dispatch.kv_heads = 2;
+      o.dispatch.head_dim = 8;
+      o.dispatch.backward = mode;
+      std::unique_ptr<PingPongExecutor> ex;
+      DISTCA_RETURN_IF_ERROR(PingPongExecutor::Create(&c, plans, o, &ex));
+      SyntheticStack stack(*ex, plans, 2, 4, 2, 8);
+      const Status early = ex->Backward(stack);
+      if (early.code() != StatusCode::kFailedPrecondition)
+        return Status::Internal("a backward before any forward: " + early.ToString());
+      DISTCA_RETURN_IF_ERROR(ex->Forward(stack));
+      DISTCA_RETURN_IF_ERROR(ex->Backward(stack));
+      const Status again = ex->Backward(stack);
+      if (again.code() != StatusCode::kFailedPrecondition)
+        return Status::Internal("a second backward: " + again.ToString());
+      // The next step's forward makes a backward valid again.
+      DISTCA_RETURN_IF_ERROR(ex->Forward(stack));
+      return ex->Backward(stack);
+    });
+    EXPECT_TRUE(s.ok()) << (mode == BackwardMode::kCached ? "cached: " : "stateless: ") << s.ToString();
+  }
+}
+
 TEST(PingPongTest, TracesEverySpanAsChromeJson) {
   std::vector<Plan> plans;
   ASSERT_TRUE(NanoPlans({200, 100, 150, 50}, 2, PlanPolicy::kDistca, 4, 2, 8, &plans).ok());
