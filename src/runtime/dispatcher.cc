@@ -83,12 +83,18 @@ namespace {
 
 using Layout = AttentionDispatcher::Layout;
 
-// Calls fn(owner, begin, end) for each piece of `doc` overlapping [a, b).
+// Calls fn(piece, owner, begin, end) for each piece of `doc` overlapping
+// [a, b), in order. The pieces partition the document in order (checked by
+// ValidatePlanStructure), so the first one is found by binary search: a
+// document cut into many pieces costs log(pieces) per task, not pieces.
 template <class Fn>
 void ForOwners(const PlanDocument& doc, int64_t a, int64_t b, Fn&& fn) {
-  for (const PlanPiece& p : doc.pieces) {
-    const int64_t lo = std::max(a, p.begin), hi = std::min(b, p.end);
-    if (lo < hi) fn(p.rank, lo, hi);
+  const auto& pieces = doc.pieces;
+  auto it = std::upper_bound(pieces.begin(), pieces.end(), a,
+                             [](int64_t pos, const PlanPiece& p) { return pos < p.end; });  // first with end > a
+  for (; it != pieces.end() && it->begin < b; ++it) {
+    const int64_t lo = std::max(a, it->begin), hi = std::min(b, it->end);
+    if (lo < hi) fn(size_t(it - pieces.begin()), it->rank, lo, hi);
   }
 }
 
@@ -242,12 +248,9 @@ Status AttentionDispatcher::Create(const Plan& plan, int rank, const DispatchOpt
     }
   }
   l->local_tokens = rank < plan.ranks ? next_row[rank] : 0;
-  auto local_row_of = [&](int doc, int owner, int64_t pos) {
-    const auto& pieces = plan.documents[doc].pieces;
-    for (size_t i = 0; i < pieces.size(); ++i)
-      if (pieces[i].rank == owner && pieces[i].begin <= pos && pos < pieces[i].end)
-        return piece_row[doc][i] + (pos - pieces[i].begin);
-    return int64_t{-1};
+  // The owner's local row of position pos in piece i of a document.
+  auto local_row_of = [&](int doc, size_t piece, int64_t pos) {
+    return piece_row[doc][piece] + (pos - plan.documents[doc].pieces[piece].begin);
   };
 
   // Every server's assembled buffers, in canonical order; keep the runs that
@@ -269,8 +272,8 @@ Status AttentionDispatcher::Create(const Plan& plan, int rank, const DispatchOpt
     std::vector<std::pair<const PlanTask*, int64_t>> q_offsets;
     for (const PlanTask* t : tasks) {
       q_offsets.push_back({t, q_rows});
-      ForOwners(plan.documents[t->doc], t->q_begin, t->q_end, [&](int owner, int64_t lo, int64_t hi) {
-        const Run run{local_row_of(t->doc, owner, lo), q_rows + (lo - t->q_begin), hi - lo};
+      ForOwners(plan.documents[t->doc], t->q_begin, t->q_end, [&](size_t piece, int owner, int64_t lo, int64_t hi) {
+        const Run run{local_row_of(t->doc, piece, lo), q_rows + (lo - t->q_begin), hi - lo};
         if (s == rank) l->peers[owner].q_in.push_back(run);
         if (owner == rank) l->peers[s].q_out.push_back(run);
       });
@@ -282,8 +285,8 @@ Status AttentionDispatcher::Create(const Plan& plan, int rank, const DispatchOpt
     std::map<int, int64_t> kv_offset;
     for (const auto& [doc, end] : kv_end) {
       kv_offset[doc] = kv_rows;
-      ForOwners(plan.documents[doc], 0, end, [&](int owner, int64_t lo, int64_t hi) {
-        const Run run{local_row_of(doc, owner, lo), kv_rows + lo, hi - lo};
+      ForOwners(plan.documents[doc], 0, end, [&](size_t piece, int owner, int64_t lo, int64_t hi) {
+        const Run run{local_row_of(doc, piece, lo), kv_rows + lo, hi - lo};
         if (s == rank) l->peers[owner].kv_in.push_back(run);
         if (owner == rank) l->peers[s].kv_out.push_back(run);
       });

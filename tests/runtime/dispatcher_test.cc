@@ -64,10 +64,9 @@ std::vector<DispatchCase> MakeCases() {
 
 class DispatcherTest : public ::testing::TestWithParam<DispatchCase> {};
 
-TEST_P(DispatcherTest, EqualsSingleProcessAttention) {
-  const DispatchCase& c = GetParam();
-  Plan plan;
-  ASSERT_TRUE(MakePlan(c, &plan).ok());
+// Runs the plan over local ranks and checks the results against the
+// oracle, the bytes against the plan, and what servers hold.
+void ExpectEqualsSingleProcessAttention(const DispatchCase& c, const Plan& plan) {
   const GlobalBatch g = MakeGlobalBatch(c);
 
   // The oracle (double accumulation) and the naive fp32 baseline over the whole batch.
@@ -116,6 +115,50 @@ TEST_P(DispatcherTest, EqualsSingleProcessAttention) {
   }
   if (c.backward == BackwardMode::kCached) {
     EXPECT_GT(between, 0);
+  }
+}
+
+TEST_P(DispatcherTest, EqualsSingleProcessAttention) {
+  const DispatchCase& c = GetParam();
+  Plan plan;
+  ASSERT_TRUE(MakePlan(c, &plan).ok());
+  ExpectEqualsSingleProcessAttention(c, plan);
+}
+
+// Plans as a file may hold them, beyond what the planner makes: a rank
+// holding no tokens of the document it serves; one document in three pieces
+// (rank 0, 1, 0) with tasks cut inside and across them, two non-adjacent
+// query ranges of it on a dedicated server sharing one K/V prefix, and a
+// dedicated server with no task at all.
+TEST(DispatcherLayoutTest, HandWrittenPlans) {
+  const char* model = R"("model": {"q_heads": 4, "kv_heads": 2, "head_dim": 8, "dtype_bytes": 4})";
+  const std::vector<std::string> plans = {
+      std::string(R"({"ranks": 2, "block": 128, )") + model + R"(,
+        "documents": [{"id": 0, "length": 100, "pieces": [{"rank": 0, "begin": 0, "end": 100}]}],
+        "tasks": [{"doc": 0, "q_begin": 0, "q_end": 100, "server": 1}]})",
+      std::string(R"({"ranks": 2, "dedicated_servers": 2, "block": 16, )") + model + R"(,
+        "documents": [{"id": 0, "length": 30, "pieces": [{"rank": 0, "begin": 0, "end": 10},
+                        {"rank": 1, "begin": 10, "end": 20}, {"rank": 0, "begin": 20, "end": 30}]},
+                      {"id": 1, "length": 7, "pieces": [{"rank": 1, "begin": 0, "end": 7}]}],
+        "tasks": [{"doc": 0, "q_begin": 0, "q_end": 10, "server": 2}, {"doc": 0, "q_begin": 20, "q_end": 30, "server": 2},
+                  {"doc": 0, "q_begin": 10, "q_end": 16, "server": 0}, {"doc": 0, "q_begin": 16, "q_end": 20, "server": 1},
+                  {"doc": 1, "q_begin": 0, "q_end": 7, "server": 2}]})"};
+  for (const std::string& json : plans) {
+    for (BackwardMode mode : {BackwardMode::kStateless, BackwardMode::kCached}) {
+      Plan plan;
+      ASSERT_TRUE(PlanFromJson(json, &plan).ok()) << json;
+      const CostModel cost = CostModel::Flops(plan.model);
+      ASSERT_TRUE(ComputePlanStats(plan, cost, &plan.stats).ok());
+      ASSERT_TRUE(ValidatePlanForLayout(plan, cost).ok()) << json;
+      DispatchCase c;
+      for (const PlanDocument& d : plan.documents) c.lengths.push_back(d.length);
+      c.ranks = plan.ranks;
+      c.servers = plan.dedicated_servers;
+      c.backward = mode;
+      c.head_dim = 8;
+      SCOPED_TRACE(json);
+      ExpectEqualsSingleProcessAttention(c, plan);
+    }
   }
 }
 
