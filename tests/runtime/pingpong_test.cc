@@ -67,6 +67,18 @@ TEST(PingPongTest, NanoBatchesBalanceTokensAndWork) {
   EXPECT_EQ(SplitNanoBatches({kMaxDocumentLength + 1, 5}, 2, &nano).code(), StatusCode::kOutOfRange);
 }
 
+// Two layers of 4 query heads, 2 K/V heads and head dimension 8: the
+// NanoPlans below are costed for these rows.
+PingPongOptions SmallStack(BackwardMode mode) {
+  PingPongOptions o;
+  o.layers = 2;
+  o.dispatch.q_heads = 4;
+  o.dispatch.kv_heads = 2;
+  o.dispatch.head_dim = 8;
+  o.dispatch.backward = mode;
+  return o;
+}
+
 // Backward runs on what the last completed Forward kept: without one (or a
 // second time after one) it is refused in both modes, not run on zeros.
 TEST(PingPongTest, BackwardNeedsACompletedForward) {
@@ -74,14 +86,8 @@ TEST(PingPongTest, BackwardNeedsACompletedForward) {
   ASSERT_TRUE(NanoPlans({200, 100, 150, 50}, 2, PlanPolicy::kDistca, 4, 2, 8, &plans).ok());
   for (BackwardMode mode : {BackwardMode::kStateless, BackwardMode::kCached}) {
     const Status s = RunLocal(2, [&](Comm& c) -> Status {
-      PingPongOptions o;
-      o.layers = 2;
-      o.dispatch.q_heads = 4;
-      o.dispatch.kv_heads = 2;
-      o.dispatch.head_dim = 8;
-      o.dispatch.backward = mode;
       std::unique_ptr<PingPongExecutor> ex;
-      DISTCA_RETURN_IF_ERROR(PingPongExecutor::Create(&c, plans, o, &ex));
+      DISTCA_RETURN_IF_ERROR(PingPongExecutor::Create(&c, plans, SmallStack(mode), &ex));
       SyntheticStack stack(*ex, plans, 2, 4, 2, 8);
       const Status early = ex->Backward(stack);
       if (early.code() != StatusCode::kFailedPrecondition)
@@ -104,11 +110,7 @@ TEST(PingPongTest, TracesEverySpanAsChromeJson) {
   ASSERT_TRUE(NanoPlans({200, 100, 150, 50}, 2, PlanPolicy::kDistca, 4, 2, 8, &plans).ok());
   Tracer tracer;
   const Status s = RunLocal(2, [&](Comm& c) -> Status {
-    PingPongOptions o;
-    o.layers = 2;
-    o.dispatch.q_heads = 4;
-    o.dispatch.kv_heads = 2;
-    o.dispatch.head_dim = 8;
+    PingPongOptions o = SmallStack(BackwardMode::kStateless);
     o.tracer = &tracer;
     std::unique_ptr<PingPongExecutor> ex;
     DISTCA_RETURN_IF_ERROR(PingPongExecutor::Create(&c, plans, o, &ex));
