@@ -218,7 +218,7 @@ int Run(int argc, char** argv) {
     if (const char* flag = FirstGiven(app, {"--upsample", "--filter-ratio", "--elongate"}))
       return Fail(fmt::format("{} shapes sampled lengths: it needs --data synthetic:FILE", flag));
   if (t.attention == distca::AttentionMode::kColocated && !a.compare)
-    if (const char* flag = FirstGiven(app, {"--policy", "--tolerance", "--backward-mode", "--ping-pong", "--block"}))
+    if (const char* flag = FirstGiven(app, {"--policy", "--tolerance", "--backward-mode", "--ping-pong"}))
       return Fail(fmt::format("{} configures disaggregated attention: it needs --attention cad (or --compare)", flag));
   if (app.count("--save-every") > 0 && t.save_dir.empty()) return Fail("--save-every needs --save DIR");
   if (distca::LaunchedByMpirun())

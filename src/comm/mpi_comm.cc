@@ -61,7 +61,10 @@ class MpiRequest : public CommRequest::Impl {
       if (p.done) continue;
       MPI_Status st;
       status_ = Complete(p, MPI_Wait(&p.request, &st), st);
-      if (!status_.ok()) break;  // later messages may never come
+      if (!status_.ok()) {
+        CancelReceives();  // later messages may never come
+        break;
+      }
     }
     done_ = true;
     return status_;
@@ -77,6 +80,7 @@ class MpiRequest : public CommRequest::Impl {
       if (rc != MPI_SUCCESS || flag != 0) {
         if (Status s = Complete(p, rc, st); !s.ok()) {
           status_ = s;
+          CancelReceives();
           done_ = true;  // Wait() reports it
           return true;
         }
@@ -88,6 +92,19 @@ class MpiRequest : public CommRequest::Impl {
   }
 
  private:
+  // After a mismatch: the receives still posted would match (and write
+  // into this buffer) messages of later transfers on the same peer and tag;
+  // they are cancelled. (A sender's surplus messages cannot be taken back:
+  // after a mismatch that peer and tag stay out of step, and RunOnRanks
+  // ends the job on the error.)
+  void CancelReceives() {
+    for (Part& p : parts) {
+      if (p.done || p.expected < 0) continue;
+      MPI_Cancel(&p.request);
+      MPI_Wait(&p.request, MPI_STATUS_IGNORE);
+      p.done = true;
+    }
+  }
   Status Complete(Part& p, int rc, const MPI_Status& st) {
     p.done = true;
     if (p.expected < 0) return MpiCheck(rc, "MPI_Isend");

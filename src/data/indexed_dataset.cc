@@ -368,11 +368,17 @@ Status WriteIndexedDataset(const std::string& prefix, const std::vector<std::vec
   }
   const std::string dir = DirectoryOf(prefix);
   DISTCA_RETURN_IF_ERROR(SyncDirectory(dir));
-  if (Status s = RenameFile(bin_tmp, bin_path); !s.ok()) {
-    std::remove(idx_tmp.c_str());
-    return s;
+  // From here a failure leaves no PREFIX.idx (the dataset does not open);
+  // the message says so and where the new files are.
+  for (const auto& [from, to] : {std::pair{bin_tmp, bin_path}, std::pair{idx_tmp, idx_path}}) {
+    if (std::rename(from.c_str(), to.c_str()) != 0) {
+      const int err = errno;
+      return Status::IoError(
+          fmt::format("cannot rename '{}' to '{}': {}; '{}' is gone and the dataset does not open until it is written "
+                      "again (the new files are '{}' and '{}' where not yet renamed)",
+                      from, to, std::strerror(err), idx_path, bin_tmp, idx_tmp));
+    }
   }
-  DISTCA_RETURN_IF_ERROR(RenameFile(idx_tmp, idx_path));
   return SyncDirectory(dir);
 }
 

@@ -175,10 +175,11 @@ Status CheckOptions(const Comm& comm, const TrainOptions& o) {
 // chunk of logits (ModelPass computes the LM head in chunks of at most
 // kDefaultMaxLogitFloats floats, or one row), or, where a checkpoint is loaded before
 // the first step allocates them, the larger of those and what loading holds
-// (kLoadBytesPerParameter), and, with a save directory, what saving adds to
-// them (kSaveBytesPerParameter); times the ranks that share this machine
+// (kLoadBytesPerParameter); times the ranks that share this machine
 // (Comm::machine_ranks: all of them with the local backend, the node's under
-// MPI). Containers' limits are not seen; set memory_bytes.
+// MPI); plus, with a save directory, what rank 0's save builds while the
+// step's buffers are held (kSaveBytesPerParameter, once). Containers' limits
+// are not seen; set memory_bytes.
 Status CheckMemory(const Comm& comm, const TrainOptions& o, int64_t tokens_per_rank) {
   const ModelConfig& m = o.model;
   const int64_t params = ParameterCount(m);
@@ -188,25 +189,28 @@ Status CheckMemory(const Comm& comm, const TrainOptions& o, int64_t tokens_per_r
   const double logits = 4.0 * std::min(double(m.vocab_size) * double(tokens_per_rank),
                                        std::max(double(m.vocab_size), double(ModelPass::kDefaultMaxLogitFloats)));
   const double saving = o.save_dir.empty() ? 0.0 : double(kSaveBytesPerParameter) * double(params);
-  const double activations = per_token * double(tokens_per_rank) + logits + saving;
+  const double activations = per_token * double(tokens_per_rank) + logits;
   const double loading = o.load_dir.empty() ? 0.0 : double(kLoadBytesPerParameter) * double(params);
   const double transient = std::max(activations, loading);
   const int sharing = comm.machine_ranks();
+  // Loading comes before the first step; a save after one, with the step's
+  // buffers still held.
+  const double need = std::max((state + transient) * sharing, (state + activations) * sharing + saving);
   double limit = o.memory_bytes;
   const char* what = "memory_bytes";
   if (limit <= 0) {
     limit = PhysicalMemoryBytes();  // 0, unknown: no check
     what = "this machine's RAM";
   }
-  if (limit > 0 && (state + transient) * sharing > limit)
+  if (limit > 0 && need > limit)
     return Status::InvalidArgument(fmt::format(
         "model {} ({} parameters) at {} tokens per rank needs at least {:.3g} GB per rank ({:.3g} for weights, "
-        "gradients and AdamW state, {:.3g} for {}), {} rank(s) on this machine: more than {} ({:.3g} GB)",
+        "gradients and AdamW state, {:.3g} for {}), {} rank(s) on this machine{}: {:.3g} GB, more than {} "
+        "({:.3g} GB)",
         m.name, params, tokens_per_rank, (state + transient) * 1e-9, state * 1e-9, transient * 1e-9,
-        loading > activations ? "loading the checkpoint"
-        : saving > 0          ? "activations and writing a checkpoint"
-                              : "activations",
-        sharing, what, limit * 1e-9));
+        loading > activations ? "loading the checkpoint" : "activations", sharing,
+        saving > 0 ? fmt::format(", and {:.3g} GB to write a checkpoint", saving * 1e-9) : "", need * 1e-9, what,
+        limit * 1e-9));
   return Status::Ok();
 }
 

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "distca/comm.h"
@@ -97,6 +98,37 @@ inline Status CheckCommContract(Comm& c) {
       DISTCA_RETURN_IF_ERROR(c.Recv(&b, sizeof b, 0, 2));
       DISTCA_RETURN_IF_ERROR(c.Recv(nullptr, 0, 0, 3));
       DISTCA_RETURN_IF_ERROR(Expect(a == 11 && b == 22, "tags were mixed"));
+    }
+  }
+
+  // Transfers of 128 bytes, a multiple of the small message size the MPI
+  // tests set (64: two whole messages and an empty one), polled with Test;
+  // and a receive of 128 that gets 64 (its last message is cancelled).
+  if (R > 1) {
+    const int tag = Comm::kMaxUserTag - 1;
+    std::vector<std::byte> sent(128), got(128);
+    for (size_t i = 0; i < sent.size(); ++i) sent[i] = std::byte(i * 7 + me);
+    CommRequest recv = c.IRecv(got.data(), 128, prev, tag);
+    DISTCA_RETURN_IF_ERROR(c.Send(sent.data(), 128, next, tag));
+    while (!recv.Test()) std::this_thread::yield();
+    DISTCA_RETURN_IF_ERROR(recv.Wait());
+    for (size_t i = 0; i < got.size(); ++i)
+      DISTCA_RETURN_IF_ERROR(
+          Expect(got[i] == std::byte(i * 7 + prev), fmt::format("rank {}: 128-byte byte {}", me, i)));
+    if (me == 0) DISTCA_RETURN_IF_ERROR(c.Send(sent.data(), 64, 1, tag));
+    if (me == 1) {
+      const Status shorter = c.Recv(got.data(), 128, 0, tag);
+      DISTCA_RETURN_IF_ERROR(
+          Expect(!shorter.ok() && shorter.message().find("expected 128 bytes from rank 0") != std::string::npos,
+                 "64 bytes where 128 are expected: " + shorter.ToString()));
+    }
+    // The tag is usable again: nothing of the failed receive is left posted.
+    DISTCA_RETURN_IF_ERROR(c.Barrier());
+    if (me == 0) DISTCA_RETURN_IF_ERROR(c.Send(sent.data(), 8, 1, tag));
+    if (me == 1) {
+      std::vector<std::byte> eight(8);
+      DISTCA_RETURN_IF_ERROR(c.Recv(eight.data(), 8, 0, tag));
+      DISTCA_RETURN_IF_ERROR(Expect(eight[7] == std::byte(7 * 7), "rank 1: the 8 bytes after a failed receive"));
     }
   }
 
