@@ -98,15 +98,6 @@ Status WriteFileSynced(const std::string& path, std::string_view contents) {
   return Status::Ok();
 }
 
-Status RenameFile(const std::string& from, const std::string& to) {
-  if (std::rename(from.c_str(), to.c_str()) != 0) {
-    const int err = errno;
-    std::remove(from.c_str());
-    return Status::IoError("cannot rename '" + from + "' to '" + to + "': " + std::strerror(err));
-  }
-  return Status::Ok();
-}
-
 std::string DirectoryOf(const std::string& path) {
   const std::filesystem::path parent = std::filesystem::path(path).parent_path();
   return parent.empty() ? "." : parent.string();
@@ -115,7 +106,11 @@ std::string DirectoryOf(const std::string& path) {
 Status WriteFileAtomic(const std::string& path, std::string_view contents) {
   const std::string tmp = path + ".tmp";
   DISTCA_RETURN_IF_ERROR(WriteFileSynced(tmp, contents));
-  DISTCA_RETURN_IF_ERROR(RenameFile(tmp, path));
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    std::remove(tmp.c_str());
+    return Status::IoError("cannot rename '" + tmp + "' to '" + path + "': " + std::strerror(err));
+  }
   return SyncDirectory(DirectoryOf(path));
 }
 

@@ -18,11 +18,10 @@ Status WriteTextFile(const std::string& path, std::string_view contents);
 // Writes `contents` to path + ".tmp", fsyncs it, renames it over `path` and
 // fsyncs the directory: readers see the old file or the whole new one.
 Status WriteFileAtomic(const std::string& path, std::string_view contents);
-// The parts of WriteFileAtomic, for writers that replace several files at
-// once: write and fsync `path` (removed again on failure); rename `from`
-// over `to` (`from` removed on failure); the directory holding `path`.
+// Parts of WriteFileAtomic, for writers that replace several files at once:
+// write and fsync `path` (removed again on failure); the directory holding
+// `path` ("." for a bare name).
 Status WriteFileSynced(const std::string& path, std::string_view contents);
-Status RenameFile(const std::string& from, const std::string& to);
 std::string DirectoryOf(const std::string& path);
 // fsync on a directory, so that renames inside it are durable.
 Status SyncDirectory(const std::string& dir);
