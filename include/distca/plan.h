@@ -16,6 +16,7 @@
 //             dedicated_servers-1 are dedicated servers, which hold no tokens.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <string>
@@ -151,6 +152,18 @@ struct PlanDocument {
   int64_t length = 0;
   std::vector<PlanPiece> pieces;  // in position order; partition [0, length)
 };
+
+// Calls fn(index, piece) for each piece of `doc` overlapping positions
+// [a, b), in position order. The pieces must be in order and disjoint, as a
+// plan's are (ValidatePlanStructure checks it): the first is found by binary
+// search, so a document cut into many pieces costs log(pieces) per call.
+template <class Fn>
+void ForEachPieceOverlapping(const PlanDocument& doc, int64_t a, int64_t b, Fn&& fn) {
+  const auto& pieces = doc.pieces;
+  auto it = std::upper_bound(pieces.begin(), pieces.end(), a,
+                             [](int64_t pos, const PlanPiece& p) { return pos < p.end; });  // first with end > a
+  for (; it != pieces.end() && it->begin < b; ++it) fn(size_t(it - pieces.begin()), *it);
+}
 
 struct PlanTask {
   int32_t doc = 0;

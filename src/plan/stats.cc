@@ -53,13 +53,20 @@ int64_t PlanTraffic::max_exchange_bytes(bool with_local) const {
 namespace {
 
 // Rows of [a, b) of `doc` by owning rank: calls fn(owner, rows) for each
-// piece overlapping [a, b).
+// piece overlapping [a, b). `ordered`: the pieces are in order and disjoint,
+// so they are found by binary search (a plan read from a file may have them
+// in any order, and is then scanned).
 template <class Fn>
-void RowsByOwner(const PlanDocument& doc, int64_t a, int64_t b, Fn&& fn) {
-  for (const PlanPiece& p : doc.pieces) {
+void RowsByOwner(const PlanDocument& doc, bool ordered, int64_t a, int64_t b, Fn&& fn) {
+  auto visit = [&](size_t, const PlanPiece& p) {
     const int64_t lo = std::max(a, p.begin);
     const int64_t hi = std::min(b, p.end);
     if (lo < hi) fn(p.rank, hi - lo);
+  };
+  if (ordered) {
+    ForEachPieceOverlapping(doc, a, b, visit);
+  } else {
+    for (const PlanPiece& p : doc.pieces) visit(0, p);
   }
 }
 
@@ -72,7 +79,9 @@ Status ComputePlanStats(const Plan& plan, const CostModel& cost, PlanStats* stat
   const int servers = plan.servers();
   // Pieces index the per-server arrays: check them even when the plan came
   // from a file and was never validated.
+  std::vector<bool> ordered(plan.documents.size(), true);
   for (size_t d = 0; d < plan.documents.size(); ++d) {
+    int64_t previous_end = 0;
     for (const PlanPiece& p : plan.documents[d].pieces) {
       if (p.rank < 0 || p.rank >= plan.ranks)
         return Status::InvalidArgument(
@@ -80,6 +89,8 @@ Status ComputePlanStats(const Plan& plan, const CostModel& cost, PlanStats* stat
       if (p.begin < 0 || p.begin > p.end || p.end > plan.documents[d].length)
         return Status::InvalidArgument(fmt::format("document {} has a piece [{}, {}) outside [0, {})", d, p.begin,
                                                    p.end, plan.documents[d].length));
+      if (p.begin < previous_end) ordered[d] = false;
+      previous_end = p.end;
     }
   }
   PlanStats s;
@@ -134,20 +145,21 @@ Status ComputePlanStats(const Plan& plan, const CostModel& cost, PlanStats* stat
       return Status::InvalidArgument(
           fmt::format("task {} names server {}, which does not exist", order[i], first.server));
     const PlanDocument& doc = plan.documents[first.doc];
+    const bool doc_ordered = ordered[first.doc];
     const int server = first.server;
     int64_t kv_end = 0;
     for (; i < order.size() && plan.tasks[order[i]].doc == first.doc && plan.tasks[order[i]].server == server; ++i) {
       const PlanTask& task = plan.tasks[order[i]];
       s.load[server] += cost.TaskCost(task.q_begin, task.q_end);
       kv_end = std::max(kv_end, task.q_end);
-      RowsByOwner(doc, task.q_begin, task.q_end, [&](int owner, int64_t rows) {
+      RowsByOwner(doc, doc_ordered, task.q_begin, task.q_end, [&](int owner, int64_t rows) {
         add(PlanExchange::kForwardDispatch, owner, server, rows * rates.q[0]);
         add(PlanExchange::kForwardReturn, server, owner, rows * rates.q[1]);
         add(PlanExchange::kBackwardDispatch, owner, server, rows * rates.q[2]);
         add(PlanExchange::kBackwardReturn, server, owner, rows * rates.q[3]);
       });
     }
-    RowsByOwner(doc, 0, kv_end, [&](int owner, int64_t rows) {
+    RowsByOwner(doc, doc_ordered, 0, kv_end, [&](int owner, int64_t rows) {
       add(PlanExchange::kForwardDispatch, owner, server, rows * rates.kv[0]);
       add(PlanExchange::kBackwardDispatch, owner, server, rows * rates.kv[2]);
       add(PlanExchange::kBackwardReturn, server, owner, rows * rates.kv[3]);

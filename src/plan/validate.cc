@@ -46,11 +46,12 @@ Status ValidateLayout(const Plan& plan, bool even) {
 }
 
 // A task boundary is a block multiple, a document end or a piece boundary.
+// The pieces partition the document in order (ValidateLayout ran first).
 bool AllowedCut(const PlanDocument& doc, int64_t pos, int64_t block) {
   if (pos == 0 || pos == doc.length || pos % block == 0) return true;
-  for (const PlanPiece& p : doc.pieces)
-    if (p.begin == pos || p.end == pos) return true;
-  return false;
+  bool boundary = false;  // pos is inside (0, length): the piece holding pos - 1 ends at pos or later
+  ForEachPieceOverlapping(doc, pos - 1, pos, [&](size_t, const PlanPiece& p) { boundary = p.end == pos; });
+  return boundary;
 }
 
 Status ValidateTasks(const Plan& plan) {

@@ -84,18 +84,13 @@ namespace {
 using Layout = AttentionDispatcher::Layout;
 
 // Calls fn(piece, owner, begin, end) for each piece of `doc` overlapping
-// [a, b), in order. The pieces partition the document in order (checked by
-// ValidatePlanStructure), so the first one is found by binary search: a
-// document cut into many pieces costs log(pieces) per task, not pieces.
+// [a, b), in order, with the overlap [begin, end).
 template <class Fn>
 void ForOwners(const PlanDocument& doc, int64_t a, int64_t b, Fn&& fn) {
-  const auto& pieces = doc.pieces;
-  auto it = std::upper_bound(pieces.begin(), pieces.end(), a,
-                             [](int64_t pos, const PlanPiece& p) { return pos < p.end; });  // first with end > a
-  for (; it != pieces.end() && it->begin < b; ++it) {
-    const int64_t lo = std::max(a, it->begin), hi = std::min(b, it->end);
-    if (lo < hi) fn(size_t(it - pieces.begin()), it->rank, lo, hi);
-  }
+  ForEachPieceOverlapping(doc, a, b, [&](size_t i, const PlanPiece& p) {
+    const int64_t lo = std::max(a, p.begin), hi = std::min(b, p.end);
+    if (lo < hi) fn(i, p.rank, lo, hi);
+  });
 }
 
 int64_t QWidth(const Layout& l) { return int64_t{l.options.q_heads} * l.options.head_dim; }

@@ -6,6 +6,7 @@
 #include <limits>
 #include <map>
 #include <numeric>
+#include <random>
 
 #include "distca/plan.h"
 #include "plan/planner_internal.h"
@@ -182,6 +183,79 @@ TEST(StatsTest, HandCountedTraffic) {
   EXPECT_DOUBLE_EQ(s.load[1], 32.0 * CausalPairs(0, 6));  // 4 * D * Hq = 32 FLOPs per pair
   EXPECT_DOUBLE_EQ(s.load[0], 32.0 * CausalPairs(0, 2));
   EXPECT_EQ(s.tasks, 3);
+}
+
+// Pieces in order are found by binary search, pieces in any other order (a
+// plan file may list them so) by a scan: both count the same bytes. A
+// document in many pieces on random ranks, tasks cut inside and across them.
+TEST(StatsTest, PiecesOutOfOrderCountTheSameBytes) {
+  std::mt19937 rng(7);
+  Plan p;
+  p.ranks = 3;
+  p.block = 64;
+  p.model = {.q_heads = 2, .kv_heads = 1, .head_dim = 4, .dtype_bytes = 2};
+  for (int64_t length : {997, 5}) {
+    PlanDocument doc;
+    doc.length = length;
+    for (int64_t pos = 0; pos < length;) {
+      const int64_t end = std::min(length, pos + 1 + int64_t(rng() % 40));
+      doc.pieces.push_back({int(rng() % 3), pos, end});
+      pos = end;
+    }
+    p.documents.push_back(doc);
+  }
+  // Tasks cut at random piece boundaries and block multiples (allowed cuts).
+  for (int32_t d = 0; d < 2; ++d) {
+    const PlanDocument& doc = p.documents[d];
+    std::vector<int64_t> cuts;
+    for (const PlanPiece& piece : doc.pieces)
+      if (rng() % 2) cuts.push_back(piece.end);
+    for (int64_t pos = p.block; pos < doc.length; pos += p.block) cuts.push_back(pos);
+    cuts.push_back(doc.length);
+    std::sort(cuts.begin(), cuts.end());
+    cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+    int64_t pos = 0;
+    for (int64_t end : cuts) {
+      p.tasks.push_back({d, pos, end, int32_t(rng() % 3)});
+      pos = end;
+    }
+  }
+  const CostModel cost = CostModel::Flops(p.model);
+  PlanStats ordered;
+  ASSERT_TRUE(ComputePlanStats(p, cost, &ordered).ok());
+  p.stats = ordered;
+  ASSERT_TRUE(ValidatePlanForLayout(p, cost).ok());
+  {  // A cut one row past a piece boundary that is no block multiple is refused.
+    Plan bad = p;
+    const std::vector<PlanPiece>& pieces = p.documents[0].pieces;
+    auto piece_end = [&](int64_t pos) {
+      return std::any_of(pieces.begin(), pieces.end(), [&](const PlanPiece& q) { return q.end == pos; });
+    };
+    size_t i = 0;  // a task of document 0 ending at a piece boundary, with room after it
+    while (bad.tasks[i].q_end % p.block == 0 || piece_end(bad.tasks[i].q_end + 1) ||
+           bad.tasks[i].q_end + 1 >= bad.tasks[i + 1].q_end)
+      ++i;
+    ASSERT_EQ(bad.tasks[i + 1].doc, 0);
+    ++bad.tasks[i].q_end;
+    ++bad.tasks[i + 1].q_begin;
+    ASSERT_TRUE(ComputePlanStats(bad, cost, &bad.stats).ok());
+    EXPECT_TRUE(Contains(ValidatePlanForLayout(bad, cost), "not a multiple of the block"));
+  }
+  Plan shuffled = p;
+  for (PlanDocument& doc : shuffled.documents) std::reverse(doc.pieces.begin(), doc.pieces.end());
+  PlanStats scanned;
+  ASSERT_TRUE(ComputePlanStats(shuffled, cost, &scanned).ok());
+  const PlanTraffic& a = ordered.traffic;
+  const PlanTraffic& b = scanned.traffic;
+  EXPECT_GT(a.total_bytes(), 0);
+  EXPECT_EQ(a.forward_bytes, b.forward_bytes);
+  EXPECT_EQ(a.backward_bytes, b.backward_bytes);
+  EXPECT_EQ(a.sent, b.sent);
+  EXPECT_EQ(a.received, b.received);
+  EXPECT_EQ(a.exchange_sent, b.exchange_sent);
+  EXPECT_EQ(a.exchange_received, b.exchange_received);
+  EXPECT_EQ(a.exchange_local, b.exchange_local);
+  EXPECT_EQ(ordered.load, scanned.load);
 }
 
 // Rank 0's bytes per exchange as given; with two ranks, what one sends the
