@@ -11,6 +11,8 @@
 // keys j <= r + kv_len - q_len (bottom-right alignment). A row that sees no key
 // (possible when q_len > kv_len) gets O = 0 and LSE = -inf.
 // GQA: query head h reads KV head h / (Hq / Hkv).
+// Non-finite inputs are not checked and propagate; the mask is exact for
+// finite inputs only (docs/attention.md, "Contract").
 //
 // Two ways to describe a batch:
 //   - cu_seqlens (AttentionVarlenForward/Backward): task i owns Q rows
@@ -115,6 +117,7 @@ Status TasksFromCuSeqlens(std::span<const int32_t> cu_seqlens_q, std::span<const
 // Combines two partial results over disjoint key sets of the same queries:
 // lse = log(exp(lse1) + exp(lse2)), out = (exp(lse1) out1 + exp(lse2) out2) / exp(lse).
 // A side with LSE = -inf contributes nothing; both -inf gives out = 0, lse = -inf.
+// A NaN in an LSE, or in the O row of a side that saw keys, reaches the result.
 // `out`/`lse` may alias `out1`/`lse1` or `out2`/`lse2`.
 //   out1, out2, out: (rows, heads, head_dim)   lse1, lse2, lse: (heads, rows)
 Status MergePartials(int64_t rows, int heads, int head_dim, const float* out1, const float* lse1, const float* out2,

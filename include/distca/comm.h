@@ -20,9 +20,11 @@
 //   - Failure: when one rank fails (returns an error, throws, aborts, or its
 //     process dies), every other rank's pending and later calls fail with a
 //     Status naming the failure within seconds; no rank hangs.
-//   - A Comm is used by one thread at a time, except that one thread may
-//     Wait() on requests while another issues compute (the ping-pong comm
-//     thread owns all calls of its rank's Comm).
+//   - Threads: one thread of a rank posts operations; another may Test()
+//     and Wait() on the requests meanwhile (the ping-pong executor posts the
+//     all-to-alls from its compute thread and polls them from its comm
+//     thread). Both backends allow it: the local one under a mutex, MPI
+//     initialized with MPI_THREAD_MULTIPLE.
 #pragma once
 
 #include <algorithm>

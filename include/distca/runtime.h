@@ -46,6 +46,12 @@ struct DispatchOptions {
 
 // Per-pass state: what a server keeps between forward and backward in cached
 // mode, and the buffers of a pass in flight. One per (layer, nano-batch).
+// Its phases run in order: StartForward, ServeForward, FinishForward, then
+// (a cached backward needs that forward) StartBackward, ServeBackward,
+// FinishBackward. A Serve or Finish phase called out of that order, and a
+// Start phase while the context's last exchange is still in flight, fail
+// with FailedPrecondition; after a failed phase only a Start phase may
+// follow. Destroying a context waits for its exchange in flight, if any.
 class AttentionContext {
  public:
   AttentionContext();

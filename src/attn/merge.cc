@@ -25,7 +25,9 @@ Status MergePartials(int64_t rows, int heads, int head_dim, const float* out1, c
       const int64_t oi = (r * heads + h) * head_dim;
       const float l1 = lse1[li];
       const float l2 = lse2[li];
-      const float m = std::fmax(l1, l2);
+      // The larger LSE; a NaN on either side is the result's (std::fmax
+      // would drop it, and with the other side at -inf lose it entirely).
+      const float m = std::isnan(l1) || l1 > l2 ? l1 : l2;
       if (m == kNegInf) {  // neither side saw a key
         for (int d = 0; d < head_dim; ++d) out[oi + d] = 0.0f;
         lse[li] = kNegInf;
@@ -39,9 +41,10 @@ Status MergePartials(int64_t rows, int heads, int head_dim, const float* out1, c
       const float a1 = w1 / total;
       const float a2 = w2 / total;
       for (int d = 0; d < head_dim; ++d) {
-        // A side of weight 0 is skipped, so whatever its O row holds cannot leak in.
-        const float x1 = a1 == 0.0f ? 0.0f : a1 * out1[oi + d];
-        const float x2 = a2 == 0.0f ? 0.0f : a2 * out2[oi + d];
+        // A side that saw no key (LSE -inf) is skipped, so whatever its O row
+        // holds cannot leak in; any other side's O, a NaN included, counts.
+        const float x1 = l1 == kNegInf ? 0.0f : a1 * out1[oi + d];
+        const float x2 = l2 == kNegInf ? 0.0f : a2 * out2[oi + d];
         out[oi + d] = x1 + x2;
       }
       lse[li] = m + std::log(total);

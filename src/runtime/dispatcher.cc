@@ -55,14 +55,25 @@ struct AttentionDispatcher::Layout {
   DispatchTraffic traffic;
 };
 
+// Where a context is in its passes: the last phase that completed. Every
+// phase checks it, so a phase called out of order fails instead of reading
+// buffers that another phase released or that a transfer still fills.
+enum class ContextPhase { kIdle, kForwardStarted, kForwardServed, kForwardDone, kBackwardStarted, kBackwardServed };
+
 struct AttentionContext::State {
+  // A transfer still in flight writes into recv: wait for it (it ends, at
+  // the latest, at the comm's timeout) before the buffers go.
+  ~State() {
+    if (request.valid() && !request.Test()) (void)request.Wait();
+  }
   // Server buffers: assembled Q/K/V (kept until backward in cached mode).
   std::vector<float> q, k, v, out, lse, dout, delta, dq, dk, dv;
   // Exchange buffers and counts of the pass in flight.
   std::vector<float> send, recv;
   std::vector<int64_t> send_counts, recv_counts;
   CommRequest request;
-  bool forward_done = false;
+  // A phase that fails leaves kIdle: only a Start phase may follow.
+  ContextPhase phase = ContextPhase::kIdle;
 };
 
 AttentionContext::AttentionContext() : state_(std::make_unique<State>()) {}
@@ -172,6 +183,43 @@ Status Exchange(Comm& comm, Layout& l, AttentionContext::State& st) {
 template <class... V>
 void Release(V&... buffers) {
   ((V().swap(buffers)), ...);
+}
+
+const char* PhaseName(ContextPhase p) {
+  switch (p) {
+    case ContextPhase::kIdle:
+      return "no pass in progress";
+    case ContextPhase::kForwardStarted:
+      return "StartForward";
+    case ContextPhase::kForwardServed:
+      return "ServeForward";
+    case ContextPhase::kForwardDone:
+      return "FinishForward";
+    case ContextPhase::kBackwardStarted:
+      return "StartBackward";
+    case ContextPhase::kBackwardServed:
+      return "ServeBackward";
+  }
+  return "?";
+}
+
+// Serve and Finish phases follow one phase exactly. The context is left
+// idle until the phase completes.
+Status EnterPhase(AttentionContext::State& st, const char* call, ContextPhase after) {
+  if (st.phase != after)
+    return Status::FailedPrecondition(fmt::format("{} must follow {} on its context; the last phase was: {}", call,
+                                                  PhaseName(after), PhaseName(st.phase)));
+  st.phase = ContextPhase::kIdle;
+  return Status::Ok();
+}
+
+// A Start phase reassigns the exchange buffers: no transfer may be filling them.
+Status EnterStart(AttentionContext::State& st, const char* call) {
+  if (st.request.valid() && !st.request.Test())
+    return Status::FailedPrecondition(
+        fmt::format("{}: the context's exchange after {} is still in flight", call, PhaseName(st.phase)));
+  st.phase = ContextPhase::kIdle;
+  return Status::Ok();
 }
 
 // Sizes the send and receive buffers from per-peer float counts.
@@ -320,6 +368,7 @@ Status AttentionDispatcher::StartForward(Comm& comm, const float* q, const float
   Layout& l = *layout_;
   DISTCA_RETURN_IF_ERROR(CheckComm(comm));
   AttentionContext::State& st = ctx->state();
+  DISTCA_RETURN_IF_ERROR(EnterStart(st, "StartForward"));
   const int64_t qw = QWidth(l), kw = KvWidth(l);
   st.q.assign(size_t(l.server_q_rows * qw), 0.0f);
   st.k.assign(size_t(l.server_kv_rows * kw), 0.0f);
@@ -344,12 +393,15 @@ Status AttentionDispatcher::StartForward(Comm& comm, const float* q, const float
     stream = Gather(peer.kv_out, k, kw, stream);
     stream = Gather(peer.kv_out, v, kw, stream);
   }
-  return Exchange(comm, l, st);
+  DISTCA_RETURN_IF_ERROR(Exchange(comm, l, st));
+  st.phase = ContextPhase::kForwardStarted;
+  return Status::Ok();
 }
 
 Status AttentionDispatcher::ServeForward(Comm& comm, AttentionContext* ctx) {
   Layout& l = *layout_;
   AttentionContext::State& st = ctx->state();
+  DISTCA_RETURN_IF_ERROR(EnterPhase(st, "ServeForward", ContextPhase::kForwardStarted));
   DISTCA_RETURN_IF_ERROR(st.request.Wait());
   const int64_t qw = QWidth(l), kw = KvWidth(l);
   const float* stream = st.recv.data();
@@ -392,13 +444,15 @@ Status AttentionDispatcher::ServeForward(Comm& comm, AttentionContext* ctx) {
   if (l.options.backward == BackwardMode::kStateless) {
     Release(st.q, st.k, st.v);
   }
-  st.forward_done = true;
-  return Exchange(comm, l, st);
+  DISTCA_RETURN_IF_ERROR(Exchange(comm, l, st));
+  st.phase = ContextPhase::kForwardServed;
+  return Status::Ok();
 }
 
 Status AttentionDispatcher::FinishForward(Comm&, float* out, float* lse, AttentionContext* ctx) {
   Layout& l = *layout_;
   AttentionContext::State& st = ctx->state();
+  DISTCA_RETURN_IF_ERROR(EnterPhase(st, "FinishForward", ContextPhase::kForwardServed));
   DISTCA_RETURN_IF_ERROR(st.request.Wait());
   const int64_t qw = QWidth(l);
   const int heads = l.options.q_heads;
@@ -419,6 +473,7 @@ Status AttentionDispatcher::FinishForward(Comm&, float* out, float* lse, Attenti
   // statistics too (the backward dispatch brings them again).
   Release(st.send, st.recv);
   if (l.options.backward == BackwardMode::kStateless) Release(st.lse);
+  st.phase = ContextPhase::kForwardDone;
   return Status::Ok();
 }
 
@@ -438,8 +493,12 @@ Status AttentionDispatcher::StartBackward(Comm& comm, const float* q, const floa
   DISTCA_RETURN_IF_ERROR(CheckComm(comm));
   AttentionContext::State& st = ctx->state();
   const bool cached = l.options.backward == BackwardMode::kCached;
-  if (cached && !st.forward_done)
-    return Status::FailedPrecondition("cached backward needs the forward of the same AttentionContext");
+  if (cached && st.phase != ContextPhase::kForwardDone)
+    return Status::FailedPrecondition(
+        fmt::format("cached backward needs the forward of the same AttentionContext to have finished; the last "
+                    "phase was: {}",
+                    PhaseName(st.phase)));
+  DISTCA_RETURN_IF_ERROR(EnterStart(st, "StartBackward"));
   const int64_t qw = QWidth(l), kw = KvWidth(l);
   const int heads = l.options.q_heads;
   // delta = rowsum(dO * O) per (head, local row): servers never need O.
@@ -496,12 +555,15 @@ Status AttentionDispatcher::StartBackward(Comm& comm, const float* q, const floa
       stream = Gather(peer.kv_out, v, kw, stream);
     }
   }
-  return Exchange(comm, l, st);
+  DISTCA_RETURN_IF_ERROR(Exchange(comm, l, st));
+  st.phase = ContextPhase::kBackwardStarted;
+  return Status::Ok();
 }
 
 Status AttentionDispatcher::ServeBackward(Comm& comm, AttentionContext* ctx) {
   Layout& l = *layout_;
   AttentionContext::State& st = ctx->state();
+  DISTCA_RETURN_IF_ERROR(EnterPhase(st, "ServeBackward", ContextPhase::kBackwardStarted));
   DISTCA_RETURN_IF_ERROR(st.request.Wait());
   const bool cached = l.options.backward == BackwardMode::kCached;
   const int64_t qw = QWidth(l), kw = KvWidth(l);
@@ -557,13 +619,15 @@ Status AttentionDispatcher::ServeBackward(Comm& comm, AttentionContext* ctx) {
   }
   // The server's buffers are done with (dq/dk/dv of local rows still to place).
   Release(st.q, st.k, st.v, st.dout, st.lse, st.delta);
-  st.forward_done = false;
-  return Exchange(comm, l, st);
+  DISTCA_RETURN_IF_ERROR(Exchange(comm, l, st));
+  st.phase = ContextPhase::kBackwardServed;
+  return Status::Ok();
 }
 
 Status AttentionDispatcher::FinishBackward(Comm&, float* dq, float* dk, float* dv, AttentionContext* ctx) {
   Layout& l = *layout_;
   AttentionContext::State& st = ctx->state();
+  DISTCA_RETURN_IF_ERROR(EnterPhase(st, "FinishBackward", ContextPhase::kBackwardServed));
   DISTCA_RETURN_IF_ERROR(st.request.Wait());
   const int64_t qw = QWidth(l), kw = KvWidth(l);
   std::fill(dk, dk + l.local_tokens * kw, 0.0f);

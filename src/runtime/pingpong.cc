@@ -129,6 +129,20 @@ class PingPongExecutor::Impl {
   }
 
   std::string Name(const char* what, int n, int layer) const { return fmt::format("{} n{} l{}", what, n, layer); }
+  // Where an error happened, for its message.
+  static std::string Where(const char* what, int n, int layer) {
+    return fmt::format("layer {}, nano-batch {}, {}", layer, n, what);
+  }
+
+  // After a failure: waits for every transfer still posted, so that none
+  // outlives the call that posted it (the next call reuses the contexts the
+  // comm thread polls, and the times its jobs add to). A transfer whose
+  // peers stopped ends at the comm's timeout.
+  Status Drain(Status s) {
+    for (Nano& nano : nanos)
+      if (nano.transfer.valid()) nano.transfer.wait();
+    return s;
+  }
 
   Status ForwardGroup(LayerCallbacks& cb, int layer, const std::vector<int>& group) {
     const int rank = comm->rank();
@@ -138,34 +152,41 @@ class PingPongExecutor::Impl {
       current_ctx_[n] = &st.ctx;
       {
         Tracer::Scope span(options.tracer, rank, "compute", Name("before attention", n, layer));
-        DISTCA_RETURN_IF_ERROR(cb.BeforeAttention(layer, n, st.q.data(), st.k.data(), st.v.data()));
+        DISTCA_RETURN_IF_ERROR(cb.BeforeAttention(layer, n, st.q.data(), st.k.data(), st.v.data())
+                                   .WithContext(Where("before attention", n, layer)));
       }
       {
         Tracer::Scope span(options.tracer, rank, "compute", Name("pack Q/K/V", n, layer));
         PhaseTimer phase(&times.pack_seconds);
-        DISTCA_RETURN_IF_ERROR(nano.dispatcher->StartForward(*comm, st.q.data(), st.k.data(), st.v.data(), &st.ctx));
+        DISTCA_RETURN_IF_ERROR(nano.dispatcher->StartForward(*comm, st.q.data(), st.k.data(), st.v.data(), &st.ctx)
+                                   .WithContext(Where("StartForward", n, layer)));
       }
       Track(n, Name("Q/K/V to servers", n, layer));
     }
     for (int n : group) {
-      DISTCA_RETURN_IF_ERROR(Await(n, Name("Q/K/V", n, layer)));
+      DISTCA_RETURN_IF_ERROR(Await(n, Name("Q/K/V", n, layer)).WithContext(Where("Q/K/V to servers", n, layer)));
       {
         Tracer::Scope span(options.tracer, rank, "compute", Name("serve attention", n, layer));
         PhaseTimer phase(&times.attention_seconds);
-        DISTCA_RETURN_IF_ERROR(nanos[n].dispatcher->ServeForward(*comm, &nanos[n].layers[layer].ctx));
+        DISTCA_RETURN_IF_ERROR(nanos[n]
+                                   .dispatcher->ServeForward(*comm, &nanos[n].layers[layer].ctx)
+                                   .WithContext(Where("ServeForward", n, layer)));
       }
       Track(n, Name("O to owners", n, layer));
     }
     for (int n : group) {
-      DISTCA_RETURN_IF_ERROR(Await(n, Name("O", n, layer)));
+      DISTCA_RETURN_IF_ERROR(Await(n, Name("O", n, layer)).WithContext(Where("O to owners", n, layer)));
       LayerState& st = nanos[n].layers[layer];
       {
         Tracer::Scope span(options.tracer, rank, "compute", Name("unpack O", n, layer));
         PhaseTimer phase(&times.pack_seconds);
-        DISTCA_RETURN_IF_ERROR(nanos[n].dispatcher->FinishForward(*comm, st.out.data(), st.lse.data(), &st.ctx));
+        DISTCA_RETURN_IF_ERROR(nanos[n]
+                                   .dispatcher->FinishForward(*comm, st.out.data(), st.lse.data(), &st.ctx)
+                                   .WithContext(Where("FinishForward", n, layer)));
       }
       Tracer::Scope span(options.tracer, rank, "compute", Name("after attention", n, layer));
-      DISTCA_RETURN_IF_ERROR(cb.AfterAttention(layer, n, st.out.data(), st.lse.data()));
+      DISTCA_RETURN_IF_ERROR(
+          cb.AfterAttention(layer, n, st.out.data(), st.lse.data()).WithContext(Where("after attention", n, layer)));
     }
     return Status::Ok();
   }
@@ -178,36 +199,44 @@ class PingPongExecutor::Impl {
       current_ctx_[n] = &st.ctx;
       {
         Tracer::Scope span(options.tracer, rank, "compute", Name("before attention backward", n, layer));
-        DISTCA_RETURN_IF_ERROR(cb.BeforeAttentionBackward(layer, n, nano.dout.data()));
+        DISTCA_RETURN_IF_ERROR(cb.BeforeAttentionBackward(layer, n, nano.dout.data())
+                                   .WithContext(Where("before attention backward", n, layer)));
       }
       {
         Tracer::Scope span(options.tracer, rank, "compute", Name("pack dO", n, layer));
         PhaseTimer phase(&times.pack_seconds);
-        DISTCA_RETURN_IF_ERROR(nano.dispatcher->StartBackward(*comm, st.q.data(), st.k.data(), st.v.data(),
-                                                              st.out.data(), st.lse.data(), nano.dout.data(), &st.ctx));
+        DISTCA_RETURN_IF_ERROR(nano.dispatcher
+                                   ->StartBackward(*comm, st.q.data(), st.k.data(), st.v.data(), st.out.data(),
+                                                   st.lse.data(), nano.dout.data(), &st.ctx)
+                                   .WithContext(Where("StartBackward", n, layer)));
       }
       Track(n, Name("dO to servers", n, layer));
     }
     for (int n : group) {
-      DISTCA_RETURN_IF_ERROR(Await(n, Name("dO", n, layer)));
+      DISTCA_RETURN_IF_ERROR(Await(n, Name("dO", n, layer)).WithContext(Where("dO to servers", n, layer)));
       {
         Tracer::Scope span(options.tracer, rank, "compute", Name("serve attention backward", n, layer));
         PhaseTimer phase(&times.attention_seconds);
-        DISTCA_RETURN_IF_ERROR(nanos[n].dispatcher->ServeBackward(*comm, &nanos[n].layers[layer].ctx));
+        DISTCA_RETURN_IF_ERROR(nanos[n]
+                                   .dispatcher->ServeBackward(*comm, &nanos[n].layers[layer].ctx)
+                                   .WithContext(Where("ServeBackward", n, layer)));
       }
       Track(n, Name("dQ/dK/dV to owners", n, layer));
     }
     for (int n : group) {
-      DISTCA_RETURN_IF_ERROR(Await(n, Name("dQ/dK/dV", n, layer)));
+      DISTCA_RETURN_IF_ERROR(Await(n, Name("dQ/dK/dV", n, layer)).WithContext(Where("dQ/dK/dV to owners", n, layer)));
       Nano& nano = nanos[n];
       {
         Tracer::Scope span(options.tracer, rank, "compute", Name("unpack dQ/dK/dV", n, layer));
         PhaseTimer phase(&times.pack_seconds);
-        DISTCA_RETURN_IF_ERROR(nano.dispatcher->FinishBackward(*comm, nano.dq.data(), nano.dk.data(), nano.dv.data(),
-                                                               &nano.layers[layer].ctx));
+        DISTCA_RETURN_IF_ERROR(
+            nano.dispatcher
+                ->FinishBackward(*comm, nano.dq.data(), nano.dk.data(), nano.dv.data(), &nano.layers[layer].ctx)
+                .WithContext(Where("FinishBackward", n, layer)));
       }
       Tracer::Scope span(options.tracer, rank, "compute", Name("after attention backward", n, layer));
-      DISTCA_RETURN_IF_ERROR(cb.AfterAttentionBackward(layer, n, nano.dq.data(), nano.dk.data(), nano.dv.data()));
+      DISTCA_RETURN_IF_ERROR(cb.AfterAttentionBackward(layer, n, nano.dq.data(), nano.dk.data(), nano.dv.data())
+                                 .WithContext(Where("after attention backward", n, layer)));
     }
     return Status::Ok();
   }
@@ -278,8 +307,10 @@ Status PingPongExecutor::Forward(LayerCallbacks& callbacks) {
   impl_->times = ExecutorTimes{};
   impl_->forward_done = false;
   for (int layer = 0; layer < impl_->options.layers; ++layer)
-    for (const std::vector<int>& group : impl_->Groups())
-      DISTCA_RETURN_IF_ERROR(impl_->ForwardGroup(callbacks, layer, group));
+    for (const std::vector<int>& group : impl_->Groups()) {
+      Status s = impl_->ForwardGroup(callbacks, layer, group);
+      if (!s.ok()) return impl_->Drain(std::move(s));
+    }
   impl_->forward_done = true;
   return Status::Ok();
 }
@@ -291,8 +322,10 @@ Status PingPongExecutor::Backward(LayerCallbacks& callbacks) {
   if (!impl_->forward_done) return Status::FailedPrecondition("Backward needs a preceding Forward that completed");
   impl_->forward_done = false;  // one backward per forward
   for (int layer = impl_->options.layers - 1; layer >= 0; --layer)
-    for (const std::vector<int>& group : impl_->Groups())
-      DISTCA_RETURN_IF_ERROR(impl_->BackwardGroup(callbacks, layer, group));
+    for (const std::vector<int>& group : impl_->Groups()) {
+      Status s = impl_->BackwardGroup(callbacks, layer, group);
+      if (!s.ok()) return impl_->Drain(std::move(s));
+    }
   return Status::Ok();
 }
 

@@ -59,6 +59,25 @@ TEST(MergeTest, NegativeInfinityEdges) {
   EXPECT_EQ(lse[1], -inf);
 }
 
+// A NaN in a side that saw keys reaches the result: in its LSE (even against
+// a side at -inf), or in its O row (even when its weight underflows to 0).
+TEST(MergeTest, NaNIsNotDropped) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  // Rows: (NaN LSE, -inf), (-inf, NaN LSE), (NaN LSE, 1), (NaN O at LSE -200, O 1 at LSE 0).
+  const std::vector<float> o1 = {1.0f, 1.0f, 1.0f, nan}, l1 = {nan, -inf, nan, -200.0f};
+  const std::vector<float> o2 = {2.0f, 2.0f, 2.0f, 1.0f}, l2 = {-inf, nan, 1.0f, 0.0f};
+  std::vector<float> out(4), lse(4);
+  ASSERT_TRUE(MergePartials(4, 1, 1, o1.data(), l1.data(), o2.data(), l2.data(), out.data(), lse.data()).ok());
+  for (int r = 0; r < 3; ++r) {
+    SCOPED_TRACE(r);
+    EXPECT_TRUE(std::isnan(out[r]));
+    EXPECT_TRUE(std::isnan(lse[r]));
+  }
+  EXPECT_TRUE(std::isnan(out[3]));
+  EXPECT_FLOAT_EQ(lse[3], 0.0f);
+}
+
 TEST(MergeTest, EqualHalvesAndInPlace) {
   // Equal LSEs weigh both sides 1/2 and add log(2); output may alias input 1.
   std::vector<float> o1 = {1.0f, 3.0f}, l1 = {2.0f};

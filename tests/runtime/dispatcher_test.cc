@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <sstream>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -230,6 +231,82 @@ TEST(DispatcherErrorsTest, RejectsBadArguments) {
     return d->StartBackward(comm, x.data(), x.data(), x.data(), x.data(), x.data(), x.data(), &ctx);
   });
   EXPECT_NE(b.message().find("dispatcher was built for"), std::string::npos) << b.ToString();
+}
+
+// A context's phases run in order; calling one out of order fails with a
+// message instead of reading buffers another phase released (a second
+// FinishForward used to copy from a freed buffer).
+TEST(DispatcherErrorsTest, PhasesOutOfOrderAreRefused) {
+  DispatchCase c;
+  c.lengths = {100, 50};
+  c.ranks = 2;
+  Plan plan;
+  ASSERT_TRUE(MakePlan(c, &plan).ok());
+  DispatchOptions o;
+  o.q_heads = 4;
+  o.kv_heads = 2;
+  o.head_dim = 16;
+  // The rank that tries a second start: one that waits for the other's
+  // rows in the forward dispatch (a rank that receives nothing may be done
+  // with the exchange at once).
+  const std::vector<int64_t>& received = plan.stats.traffic.exchange_received[0];
+  const int tester = received[0] > 0 ? 0 : 1;
+  ASSERT_GT(received[tester], 0);
+  for (BackwardMode mode : {BackwardMode::kStateless, BackwardMode::kCached}) {
+    SCOPED_TRACE(mode == BackwardMode::kCached ? "cached" : "stateless");
+    o.backward = mode;
+    std::atomic<bool> second_start_tried{false};
+    CommOptions co;
+    co.backend = CommOptions::Backend::kLocal;
+    co.local_ranks = 2;
+    const Status s = RunOnRanks(co, [&](Comm& comm) -> Status {
+      std::unique_ptr<AttentionDispatcher> d;
+      DISTCA_RETURN_IF_ERROR(AttentionDispatcher::Create(plan, comm.rank(), o, &d));
+      const size_t rows = size_t(d->local_tokens());
+      std::vector<float> q(rows * 64, 0.5f), kv(rows * 32, 0.25f), out(rows * 64), lse(rows * 4), dq(rows * 64),
+          dk(rows * 32), dv(rows * 32);
+      auto expect_refused = [](const Status& st, const std::string& what) -> Status {
+        if (st.code() != StatusCode::kFailedPrecondition || st.message().find(what) == std::string::npos)
+          return Status::Internal("expected a refusal naming '" + what + "', got: " + st.ToString());
+        return Status::Ok();
+      };
+      AttentionContext ctx;
+      DISTCA_RETURN_IF_ERROR(expect_refused(d->ServeForward(comm, &ctx), "ServeForward must follow StartForward"));
+      DISTCA_RETURN_IF_ERROR(
+          expect_refused(d->FinishBackward(comm, dq.data(), dk.data(), dv.data(), &ctx), "must follow ServeBackward"));
+      if (mode == BackwardMode::kCached)
+        DISTCA_RETURN_IF_ERROR(expect_refused(
+            d->StartBackward(comm, q.data(), kv.data(), kv.data(), out.data(), lse.data(), q.data(), &ctx),
+            "cached backward needs the forward"));
+      if (comm.rank() == tester) {
+        DISTCA_RETURN_IF_ERROR(d->StartForward(comm, q.data(), kv.data(), kv.data(), &ctx));
+        // The other rank has not posted its half: the exchange is in
+        // flight, and a second start would reassign the buffers it fills.
+        const Status again = d->StartForward(comm, q.data(), kv.data(), kv.data(), &ctx);
+        second_start_tried = true;
+        DISTCA_RETURN_IF_ERROR(expect_refused(again, "still in flight"));
+      } else {
+        while (!second_start_tried) std::this_thread::yield();
+        DISTCA_RETURN_IF_ERROR(d->StartForward(comm, q.data(), kv.data(), kv.data(), &ctx));
+      }
+      DISTCA_RETURN_IF_ERROR(expect_refused(d->FinishForward(comm, out.data(), lse.data(), &ctx),
+                                            "FinishForward must follow ServeForward on its context; the last "
+                                            "phase was: StartForward"));
+      DISTCA_RETURN_IF_ERROR(d->ServeForward(comm, &ctx));
+      DISTCA_RETURN_IF_ERROR(d->FinishForward(comm, out.data(), lse.data(), &ctx));
+      // A second finish used to copy from the buffer the first released.
+      DISTCA_RETURN_IF_ERROR(expect_refused(d->FinishForward(comm, out.data(), lse.data(), &ctx),
+                                            "FinishForward must follow ServeForward"));
+      DISTCA_RETURN_IF_ERROR(expect_refused(d->ServeBackward(comm, &ctx), "ServeBackward must follow StartBackward"));
+      DISTCA_RETURN_IF_ERROR(d->Backward(comm, q.data(), kv.data(), kv.data(), out.data(), lse.data(), q.data(),
+                                         dq.data(), dk.data(), dv.data(), &ctx));
+      DISTCA_RETURN_IF_ERROR(
+          expect_refused(d->FinishBackward(comm, dq.data(), dk.data(), dv.data(), &ctx), "must follow ServeBackward"));
+      // A whole forward again after all that.
+      return d->Forward(comm, q.data(), kv.data(), kv.data(), out.data(), lse.data(), &ctx);
+    });
+    EXPECT_TRUE(s.ok()) << s.ToString();
+  }
 }
 
 }  // namespace

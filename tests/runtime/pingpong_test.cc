@@ -105,6 +105,51 @@ TEST(PingPongTest, BackwardNeedsACompletedForward) {
   }
 }
 
+// A SyntheticStack whose BeforeAttention fails once, at one (layer, nano-batch).
+class FailingOnceStack : public SyntheticStack {
+ public:
+  using SyntheticStack::SyntheticStack;
+  Status BeforeAttention(int l, int n, float* q, float* k, float* v) override {
+    if (l == 1 && n == 1 && !failed_) {
+      failed_ = true;
+      return Status::Internal("injected");
+    }
+    return SyntheticStack::BeforeAttention(l, n, q, k, v);
+  }
+
+ private:
+  bool failed_ = false;
+};
+
+// A failure names where it happened, and leaves no transfer behind: the
+// other nano-batch's exchange, posted before the failure, is waited for, and
+// the next step runs as on a fresh executor, to the bit.
+TEST(PingPongTest, AFailureNamesItsPlaceAndTheNextStepRuns) {
+  std::vector<Plan> plans;
+  ASSERT_TRUE(NanoPlans({200, 100, 150, 50}, 2, PlanPolicy::kDistca, 4, 2, 8, &plans).ok());
+  for (BackwardMode mode : {BackwardMode::kStateless, BackwardMode::kCached}) {
+    PingPongOptions o = SmallStack(mode);
+    o.dispatch.exec.num_threads = 1;  // one-thread sums: the same bits run to run
+    const Status s = RunLocal(2, [&](Comm& c) -> Status {
+      std::unique_ptr<PingPongExecutor> clean, ex;
+      DISTCA_RETURN_IF_ERROR(PingPongExecutor::Create(&c, plans, o, &clean));
+      SyntheticStack reference(*clean, plans, 2, 4, 2, 8);
+      DISTCA_RETURN_IF_ERROR(clean->Forward(reference));
+      DISTCA_RETURN_IF_ERROR(clean->Backward(reference));
+      DISTCA_RETURN_IF_ERROR(PingPongExecutor::Create(&c, plans, o, &ex));
+      FailingOnceStack stack(*ex, plans, 2, 4, 2, 8);
+      const Status failed = ex->Forward(stack);
+      if (failed.message().find("layer 1, nano-batch 1, before attention: injected") == std::string::npos)
+        return Status::Internal("the failed forward: " + failed.ToString());
+      DISTCA_RETURN_IF_ERROR(ex->Forward(stack));
+      DISTCA_RETURN_IF_ERROR(ex->Backward(stack));
+      if (stack.Results() != reference.Results()) return Status::Internal("the step after the failure differs");
+      return Status::Ok();
+    });
+    EXPECT_TRUE(s.ok()) << (mode == BackwardMode::kCached ? "cached: " : "stateless: ") << s.ToString();
+  }
+}
+
 TEST(PingPongTest, TracesEverySpanAsChromeJson) {
   std::vector<Plan> plans;
   ASSERT_TRUE(NanoPlans({200, 100, 150, 50}, 2, PlanPolicy::kDistca, 4, 2, 8, &plans).ok());
