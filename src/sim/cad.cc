@@ -134,15 +134,15 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
 
   BatchOutcome o;
   o.busy_s.assign(total_ranks, 0.0);
-  std::vector<double> held_max(total_ranks, 0.0), buffer_max(total_ranks, 0.0), kept_max(total_ranks, 0.0);
+  std::vector<double> held_max(total_ranks, 0.0), buffer_max(total_ranks, 0.0), kept_max(total_ranks, 0.0),
+      alive_max(total_ranks, 0.0);
   // Without the resend, a server keeps the Q, K/V and O of every row it
   // serves (copies out of its receive buffer, its own rows included) until
   // the layer's backward, and owners drop their Q, K and V after the
   // dispatch (the artifact's layout_mlp_to_attn).
   const bool servers_keep = base.model.wire == PlanWire::kDistcaArtifactNoResend;
-  // The largest exchange any plan needs the buffer to hold; with DistCA's
-  // loop, the buffer as allocated (own rows included), enlarged where no
-  // tolerance fitted, in this batch or (carry) one before it.
+  // With DistCA's loop, the buffer as allocated (own rows included),
+  // enlarged where no tolerance fitted, in this batch or (carry) one before it.
   double buffer_need = 0;
   const bool artifact_loop = variant.artifact_buffer && base.comm_budget > 0;
   int64_t artifact_buffer = artifact_loop ? std::max(base.comm_budget, carry != nullptr ? carry->buffer : 0) : 0;
@@ -308,7 +308,6 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
           c.exchange_local[e][phys[sv]] = double(tr.exchange_local[e][sv]);
         }
       }
-      if (!artifact_loop) buffer_need = std::max(buffer_need, double(tr.max_exchange_bytes(base.budget_counts_local)));
       costs.push_back(std::move(c));
       o.tolerance_sum += plan.tolerance_used;
       ++o.plans;
@@ -439,15 +438,28 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
       // exposed transfer counts for the stages that hold tokens in this tick.
       (pass == 0 ? b.forward_linear_s : b.backward_linear_s) += linear_sum / (P * G);
       (pass == 0 ? b.forward_attention_s : b.backward_attention_s) += attention_sum / (P * G);
-      (pass == 0 ? b.forward_comm_s : b.backward_comm_s) += (pass_s / layers - max_compute) * double(active.size()) / P;
+      // Exposed: what the pass took beyond its compute (at least 0: the two
+      // are summed in different orders, and may differ by a rounding).
+      (pass == 0 ? b.forward_comm_s : b.backward_comm_s) +=
+          std::max(0.0, pass_s / layers - max_compute) * double(active.size()) / P;
     }
 
     for (int r = 0; r < total_ranks; ++r) {
-      double buffer = 0;
-      for (const NanoCost& c : costs)
-        for (int e = 0; e < kPlanExchanges; ++e) buffer += c.exchange_sent[e][r] + c.exchange_received[e][r];
+      // buffer: every exchange of the layer; alive: one exchange per
+      // nano-batch, the largest (distca's runtime sizes a context's send and
+      // receive buffers per exchange and releases them after the pass).
+      double buffer = 0, alive = 0;
+      for (const NanoCost& c : costs) {
+        double largest = 0;
+        for (int e = 0; e < kPlanExchanges; ++e) {
+          buffer += c.exchange_sent[e][r] + c.exchange_received[e][r];
+          largest = std::max(largest, c.exchange_sent[e][r] + c.exchange_received[e][r]);
+        }
+        alive += largest;
+      }
       held_max[r] = std::max(held_max[r], tick_tokens[r]);
       buffer_max[r] = std::max(buffer_max[r], buffer);
+      alive_max[r] = std::max(alive_max[r], alive);
       if (servers_keep) {
         double kept = 0;
         constexpr int kDispatch = int(PlanExchange::kForwardDispatch), kReturn = int(PlanExchange::kForwardReturn);
@@ -461,14 +473,16 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
 
   // Activations: stage s holds at most CadInFlight(m, s) waves at once, its
   // largest each (distca-paper's dummy micro-batches run without autograd
-  // and hold none). Buffers: with a comm budget, the
-  // allocated buffer of comm_budget bytes per device, the same on every
-  // rank (distca-paper's, DistCA's NVSHMEM region, four times and enlarged
-  // where its loop enlarged it); otherwise, and for colocated, the largest
-  // per-layer send + receive of the rank.
-  const bool fixed_buffer = !colocated && opt.comm_budget > 0;
+  // and hold none). Buffers: distca-paper with a comm budget, DistCA's
+  // NVSHMEM region of comm_budget bytes per device, four times and enlarged
+  // where its loop enlarged it, the same on every rank; without one, the
+  // largest per-layer send + receive of the rank. distca and colocated
+  // allocate per exchange: each nano-batch in flight holds its largest
+  // exchange's send + receive (a budget bounds them, it is not allocated).
+  const bool fixed_buffer = artifact_loop;
   const double buffer_copies = variant.artifact_buffer ? kDistcaArtifactBufferCopies : 1;
   o.memory_bytes.assign(total_ranks, 0.0);
+  o.buffer_bytes.assign(total_ranks, 0.0);
   for (int s = 0; s < P; ++s) {
     for (int j = 0; j < stride; ++j) {
       const int r = s * stride + j;
@@ -479,8 +493,9 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
         mem.activation_tokens = held_max[r] * ctx.CadInFlight(m, s) * ctx.stage_layers;
         if (s == P - 1) mem.logits_tokens = held_max[r];  // the logits of its largest wave
       }
-      mem.buffer_bytes =
-          fixed_buffer ? buffer_copies * std::max(double(opt.comm_budget) * opt.tp, buffer_need) : buffer_max[r];
+      mem.buffer_bytes = fixed_buffer ? buffer_copies * std::max(double(opt.comm_budget) * opt.tp, buffer_need)
+                         : variant.artifact_buffer ? buffer_max[r]
+                                                   : alive_max[r];
       // Kept per layer, for every layer of the micro-batches in flight (as
       // activations; the LSE, a few percent of O, is left out), less the
       // owner's Q, K and V, which the activations count.
@@ -488,6 +503,7 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
         mem.server_bytes = (kept_max[r] - (k.HiddenBytesPerToken() + k.KvBytesPerToken()) * held_max[r]) *
                            ctx.CadInFlight(m, s) * ctx.stage_layers;
       o.memory_bytes[r] = DeviceMemoryBytes(k, mem);
+      o.buffer_bytes[r] = mem.buffer_bytes / opt.tp;
       o.max_buffer_bytes = std::max(o.max_buffer_bytes, buffer_max[r] / opt.tp);
     }
   }

@@ -330,10 +330,11 @@ Status Simulate(const SimOptions& options, const std::vector<std::vector<int64_t
                           e.name, ctx.stage_ranks, options.batch_size));
         // From the smallest degree whose nominal L / c tokens per rank fit
         // up; the simulated memory (whole documents per wave make some waves
-        // a little larger) decides, below.
+        // a little larger, and distca's buffers are known once planned)
+        // decides, below. Only DistCA's buffer is allocated up front.
         size_t first = degrees.size() - 1;
         for (size_t i = 0; i < degrees.size(); ++i) {
-          const int copies = e.distca_buffer ? sim::kDistcaArtifactBufferCopies : 1;
+          const int copies = e.distca_buffer ? sim::kDistcaArtifactBufferCopies : 0;
           if (sim::CadMemoryBytes(ctx, degrees[i], copies) <= options.hardware.memory_bytes) {
             first = i;
             break;

@@ -84,6 +84,7 @@ struct BatchOutcome {
   double iteration_s = 0;
   std::vector<double> busy_s;        // per rank: seconds of its own work
   std::vector<double> memory_bytes;  // per rank, per device
+  std::vector<double> buffer_bytes;  // CAD: the communication buffers memory_bytes counts, per rank, per device
   double bytes_moved = 0;
   double max_buffer_bytes = 0;  // per device
   double tolerance_sum = 0;     // CAD: sum of the plans' eps

@@ -564,33 +564,62 @@ TEST(ColocatedTest, EachExchangeCarriesItsOwnBytes) {
   EXPECT_DOUBLE_EQ(r.bytes_moved, 2 * 262144.0);
 }
 
+// distca's communication buffers on its busiest rank, in the rank's bytes:
+// each nano-batch in flight holds the send and receive buffers of its
+// largest exchange (the runtime sizes them per exchange).
+double DistcaBuffers(const SimOptions& o, const std::vector<std::vector<int64_t>>& nanos) {
+  std::vector<double> per_rank(2, 0.0);
+  for (const std::vector<int64_t>& nano : nanos) {
+    PlanOptions po;
+    po.ranks = 2;
+    po.tolerance = o.tolerance;
+    po.model = {4, 2, 16, 2, PlanWire::kDistca};
+    Plan plan;
+    EXPECT_TRUE(BuildPlan(nano, po, CostModel::Flops(po.model), &plan).ok());
+    const PlanTraffic& t = plan.stats.traffic;
+    for (int r = 0; r < 2; ++r) {
+      double largest = 0;
+      for (int e = 0; e < kPlanExchanges; ++e)
+        largest = std::max(largest, double(t.exchange_sent[e][r] + t.exchange_received[e][r]));
+      per_rank[r] += largest;
+    }
+  }
+  return std::max(per_rank[0], per_rank[1]);
+}
+
 TEST(CadTest, CMinIsTheSmallestDegreeWhoseTokensFit) {
   // 2 ranks, B = 2: at c 1 each rank holds a 1024 chunk per wave (2 waves);
   // at c 2 a wave is one chunk over both ranks, 512 tokens each (4 waves).
   SimOptions o = TestOptions();
-  o.comm_budget = 1'000'000'000;  // per device, allocated: counted in memory (DistCA's four times)
+  o.comm_budget = 1'000'000'000;  // per device: DistCA allocates it (four times); distca's bounds what moves
   o.hardware.attention_efficiency = {{1.0, 1.0}};
   const double params = double(ParameterCount(o.model));
-  double copies = 1;
+  double buffer = 0;
   auto memory = [&](double tokens) {  // 2 layers, the logits (256 x (2 + 4) B), tp 2
-    return (params * 6 + params * 12 / 2 + tokens * 2 * 1664 + tokens * 1536 + copies * 1e9 * 2) / 2;
+    return (params * 6 + params * 12 / 2 + tokens * 2 * 1664 + tokens * 1536 + buffer) / 2;
   };
   for (SimStrategy s : {SimStrategy::kDistca, SimStrategy::kDistcaPaper}) {
-    copies = s == SimStrategy::kDistcaPaper ? sim::kDistcaArtifactBufferCopies : 1;
-    o.hardware.memory_bytes = memory(1024);
+    const bool paper = s == SimStrategy::kDistcaPaper;
+    // c 1: a wave of both documents, a nano-batch each, laid out over both
+    // ranks; c 2: a wave of one document, one plan.
+    buffer = paper ? sim::kDistcaArtifactBufferCopies * 1e9 * 2 : DistcaBuffers(o, {{1024}, {1024}});
+    const double at_1024 = memory(1024);
+    o.hardware.memory_bytes = at_1024;
     SimResult r = SimulateOne(o, {{1024, 1024}}, s);
     EXPECT_EQ(r.cp, 1) << SimStrategyName(s);
     EXPECT_TRUE(r.memory_fits);
-    EXPECT_NEAR(r.memory_max_bytes, memory(1024), memory(1024) * kRel);
+    EXPECT_NEAR(r.memory_max_bytes, at_1024, at_1024 * kRel);
     o.hardware.memory_bytes = memory(1023);
+    if (!paper) buffer = DistcaBuffers(o, {{1024}});
+    const double at_512 = memory(512);
     r = SimulateOne(o, {{1024, 1024}}, s);
     EXPECT_EQ(r.cp, 2) << SimStrategyName(s);
     EXPECT_TRUE(r.memory_fits);
-    EXPECT_NEAR(r.memory_max_bytes, memory(512), memory(512) * kRel);
+    EXPECT_NEAR(r.memory_max_bytes, at_512, at_512 * kRel);
     // Two waves, each one 1024 document laid out over the 2 ranks (one plan:
     // a single document cannot be split into nano-batches); the LM head
     // runs over the 512 tokens of a rank.
-    const PlanPolicy policy = s == SimStrategy::kDistca ? PlanPolicy::kDistca : PlanPolicy::kPaper;
+    const PlanPolicy policy = paper ? PlanPolicy::kPaper : PlanPolicy::kDistca;
     double bytes = 0;
     const double want = 2 * PlannedIteration(o, {1024}, policy, /*ping_pong=*/false, &bytes, 512);
     EXPECT_NEAR(r.iteration_s, want, want * kRel);
@@ -599,6 +628,26 @@ TEST(CadTest, CMinIsTheSmallestDegreeWhoseTokensFit) {
     r = SimulateOne(o, {{1024, 1024}}, s);
     EXPECT_EQ(r.cp, 2) << SimStrategyName(s);  // the largest degree, flagged
     EXPECT_FALSE(r.memory_fits);
+  }
+}
+
+// distca allocates its buffers per exchange: a budget that does not bind
+// (the same plans) leaves its memory as it is, and the buffers it counts are
+// those of the plans.
+TEST(CadTest, DistcasMemoryIsThatOfItsPlansWhateverTheBudget) {
+  SimOptions o = TestOptions();
+  const double expected = DistcaBuffers(o, {{1024}});
+  ASSERT_GT(expected, 0);
+  double memory = -1;
+  for (int64_t budget : {int64_t{0}, int64_t{1'000'000'000}, int64_t{2} << 30}) {
+    o.comm_budget = budget;
+    const sim::SimContext ctx(o);
+    sim::BatchOutcome out;
+    ASSERT_TRUE(sim::SimulateDistca(ctx, {1024, 1024}, 2, &out).ok());
+    const double most = *std::max_element(out.memory_bytes.begin(), out.memory_bytes.end());
+    if (memory < 0) memory = most;
+    EXPECT_DOUBLE_EQ(most, memory) << budget;
+    EXPECT_DOUBLE_EQ(*std::max_element(out.buffer_bytes.begin(), out.buffer_bytes.end()), expected / o.tp) << budget;
   }
 }
 
@@ -803,13 +852,13 @@ TEST(CadTest, EachStageKeepsItsWaveOnItsOwnRanks) {
   o.gpus = 8;
   o.pp = 2;
   o.micro_batches = 2;
-  o.comm_budget = 1'000'000'000;  // a fixed buffer, so memory is tokens only
   const sim::SimContext ctx(o);
   sim::BatchOutcome out;
   ASSERT_TRUE(sim::SimulateDistca(ctx, {1536, 512}, 1, &out).ok());
   const double half = double(ParameterCount(o.model)) / 2;  // a stage's weights; one layer each
-  const double last = (half * (6 + 12.0 / 2) + 768.0 * (1664 + 1536) + 1e9 * 2) / 2;
-  for (int r : {2, 3}) EXPECT_NEAR(out.memory_bytes[r], last, last * kRel) << r;
+  const double last = (half * (6 + 12.0 / 2) + 768.0 * (1664 + 1536)) / 2;
+  for (int r : {2, 3})  // with the buffers of what its exchanges move, reported apart
+    EXPECT_NEAR(out.memory_bytes[r] - out.buffer_bytes[r], last, last * kRel) << r;
 }
 
 TEST(CadTest, DistcaBalancesItsWavesByTokensWithPipelineStages) {
@@ -825,8 +874,8 @@ TEST(CadTest, DistcaBalancesItsWavesByTokensWithPipelineStages) {
   o.comm_budget = 1'000'000'000;
   const sim::SimContext ctx(o);
   const double half = double(ParameterCount(o.model)) / 2;
-  // The buffer: distca's once, DistCA's four times (two dispatchers, each
-  // with a send and a receive buffer).
+  // The buffer: DistCA's allocated four times (two dispatchers, each with a
+  // send and a receive buffer); distca's, what its exchanges move, apart.
   auto stage0 = [&](double tokens, double copies) {
     return (half * (6 + 12.0 / 2) + 2 * tokens * 1664 + copies * 1e9 * 2) / 2;
   };
@@ -835,7 +884,7 @@ TEST(CadTest, DistcaBalancesItsWavesByTokensWithPipelineStages) {
   ASSERT_TRUE(sim::SimulateDistca(ctx, {1536, 1536, 512, 512}, 1, &distca).ok());
   ASSERT_TRUE(sim::SimulateDistcaPaper(ctx, {1536, 1536, 512, 512}, 1, &paper).ok());
   for (int r : {0, 1}) {
-    EXPECT_NEAR(distca.memory_bytes[r], stage0(1024, 1), stage0(1024, 1) * kRel) << r;
+    EXPECT_NEAR(distca.memory_bytes[r] - distca.buffer_bytes[r], stage0(1024, 0), stage0(1024, 0) * kRel) << r;
     EXPECT_NEAR(paper.memory_bytes[r], stage0(1280, four), stage0(1280, four) * kRel) << r;
   }
   // With one stage the batch's order is kept: the same waves as the paper's.
@@ -847,7 +896,7 @@ TEST(CadTest, DistcaBalancesItsWavesByTokensWithPipelineStages) {
   ASSERT_TRUE(sim::SimulateDistcaPaper(flat, {1536, 1536, 512, 512}, 1, &b).ok());
   ASSERT_EQ(a.memory_bytes.size(), b.memory_bytes.size());
   for (size_t r = 0; r < a.memory_bytes.size(); ++r)  // the same tokens; the buffers differ
-    EXPECT_NEAR(b.memory_bytes[r] - a.memory_bytes[r], (four - 1) * 1e9 * 2 / 2, 1e-3) << r;
+    EXPECT_NEAR(b.memory_bytes[r] - a.memory_bytes[r], four * 1e9 * 2 / 2 - a.buffer_bytes[r], 1e-3) << r;
 }
 
 TEST(CadTest, AlignedTicksHoldTwoPipelineDepthsLessOneWaves) {
@@ -872,12 +921,17 @@ TEST(CadTest, AlignedTicksHoldTwoPipelineDepthsLessOneWaves) {
     const Status st = s == SimStrategy::kDistca ? sim::SimulateDistca(ctx, {1024, 1024, 1024, 1024}, 1, &out)
                                                 : sim::SimulateDistcaPaper(ctx, {1024, 1024, 1024, 1024}, 1, &out);
     ASSERT_TRUE(st.ok()) << st.ToString();
-    const double copies = s == SimStrategy::kDistca ? 1 : sim::kDistcaArtifactBufferCopies;
+    // DistCA's buffer is allocated (four times); distca's holds what its
+    // exchanges move, reported apart.
+    const bool paper = s == SimStrategy::kDistcaPaper;
     for (int r : {0, 1}) {
-      const double stage0 = (states + 3 * 512 * 1664.0 + copies * buffer) / 2;
-      const double stage1 = (states + 512 * 1664.0 + 512 * 1536.0 + copies * buffer) / 2;
-      EXPECT_NEAR(out.memory_bytes[r], stage0, stage0 * kRel) << SimStrategyName(s) << r;
-      EXPECT_NEAR(out.memory_bytes[2 + r], stage1, stage1 * kRel) << SimStrategyName(s) << r;
+      const double stage0 = (states + 3 * 512 * 1664.0 + (paper ? sim::kDistcaArtifactBufferCopies * buffer : 0)) / 2;
+      const double stage1 =
+          (states + 512 * 1664.0 + 512 * 1536.0 + (paper ? sim::kDistcaArtifactBufferCopies * buffer : 0)) / 2;
+      const double own0 = paper ? 0 : out.buffer_bytes[r], own1 = paper ? 0 : out.buffer_bytes[2 + r];
+      EXPECT_NEAR(out.memory_bytes[r] - own0, stage0, stage0 * kRel) << SimStrategyName(s) << r;
+      EXPECT_NEAR(out.memory_bytes[2 + r] - own1, stage1, stage1 * kRel) << SimStrategyName(s) << r;
+      if (paper) EXPECT_DOUBLE_EQ(out.buffer_bytes[r], sim::kDistcaArtifactBufferCopies * buffer / 2);
     }
   }
 }
@@ -941,14 +995,14 @@ TEST(PipelineStrategiesTest, OneFOneBAgainstAlignedTicks) {
   // Memory per device (tp 2): each stage holds half the weights (the
   // optimizer unsharded, G = 1); stage 0 the activations of both
   // micro-batches in flight, stage 1 one micro-batch's and its logits (256 x
-  // (2 + 4) bytes a token); CAD also its allocated buffer, comm_budget per
-  // device.
+  // (2 + 4) bytes a token). distca's buffers hold what its exchanges move:
+  // nothing, with one rank a stage (the comm budget bounds them, it is not
+  // allocated).
   const double states = double(ParameterCount(o.model)) / 2 * (6 + 12);
   const double first = (states + 2 * 1024.0 * 1664) / 2, last = (states + 1024.0 * 1664 + 1024.0 * 1536) / 2;
   for (const SimResult* r : {&mega, &distca}) {
-    const double buffer = r == &distca ? double(o.comm_budget) : 0.0;
-    EXPECT_NEAR(r->memory_max_bytes, std::max(first, last) + buffer, first * kRel);
-    EXPECT_NEAR(r->memory_mean_bytes, (first + last) / 2 + buffer, first * kRel);
+    EXPECT_NEAR(r->memory_max_bytes, std::max(first, last), first * kRel);
+    EXPECT_NEAR(r->memory_mean_bytes, (first + last) / 2, first * kRel);
   }
 }
 
