@@ -50,8 +50,9 @@ struct DispatchOptions {
 // (a cached backward needs that forward) StartBackward, ServeBackward,
 // FinishBackward. A Serve or Finish phase called out of that order, and a
 // Start phase while the context's last exchange is still in flight, fail
-// with FailedPrecondition; after a failed phase only a Start phase may
-// follow. Destroying a context waits for its exchange in flight, if any.
+// with FailedPrecondition and change nothing; a phase that fails once begun
+// (a failed transfer, the CA engine) leaves the context where only a Start
+// phase may follow. Destroying a context waits for its exchange in flight.
 class AttentionContext {
  public:
   AttentionContext();

@@ -206,9 +206,10 @@ struct SimOptions {
   // all-to-alls (a rank's budget is tp times this; distca: PlanOptions::
   // comm_budget with budget_per_exchange; distca-paper: DistCA's loop,
   // CadVariant::artifact_buffer, its buffer also holding the rows a rank
-  // keeps); 0 = unlimited. The buffer is allocated memory: distca's counted
-  // once per device, distca-paper's four times as DistCA allocates it (with
-  // 0, the largest per-layer send + receive). Default: 2 GiB (DistCA's
+  // keeps); 0 = unlimited. distca-paper's buffer is allocated memory, four
+  // times as DistCA allocates it (with 0, the largest per-layer send +
+  // receive); distca's runtime sizes its buffers per pass, and memory counts
+  // those, whatever the budget (docs/simulator.md, "Memory"). Default: 2 GiB (DistCA's
   // NVSHMEM buffer: EXPERIMENT_NVSHMEM_BUFFER_SIZE_GB=2, multiplied by 1024^3)
   int64_t comm_budget = int64_t{2} << 30;
   int threads = 0;  // OpenMP threads over batches; 0 = OMP_NUM_THREADS. Default: 0

@@ -171,16 +171,24 @@ Status PlanLayout(const PlanOptions& o, const CostModel& cost, Plan p, Plan* pla
     // recipient's deficit (at most the mean) exceeds eps * mean.
     if (o.policy == PlanPolicy::kPaper) eps_max = std::max(eps_max, 1.0);
     // What the layout alone needs; with budget_grows, the budget rises to it.
+    // Below it a plan may still fit (moving work can shorten a rank's
+    // exchanges: a tail piece served where its prefix lives, or, counting
+    // own rows, rows moved off a busy rank), so the search runs, except for
+    // colocated plans, which move what the layout needs whatever eps is.
     const int64_t layout_need = busiest(colocated);
     const int64_t budget = o.budget_grows ? std::max(o.comm_budget, layout_need) : o.comm_budget;
-    if (layout_need > budget) {
+    auto below_layout = [&](double searched_to) {
       const char* scope = !o.budget_per_exchange  ? ""
                           : o.budget_counts_local ? " in one exchange, its own rows included"
                                                   : " in one exchange";
-      return Status::InvalidArgument(fmt::format(
-          "comm budget {} bytes is below what the linear layout alone moves ({} bytes on the busiest rank{})",
-          o.comm_budget, layout_need, scope));
-    }
+      return Status::InvalidArgument(
+          fmt::format("comm budget {} bytes is below what the linear layout alone moves ({} bytes on the busiest "
+                      "rank{}){}",
+                      o.comm_budget, layout_need, scope,
+                      searched_to > 0 ? fmt::format(", and no tolerance up to {:.3g} brought it under", searched_to)
+                                      : std::string()));
+    };
+    if (layout_need > budget && o.policy == PlanPolicy::kColocated) return below_layout(0);
     // eps runs over tolerance + 0.05 k: step by step up to kStepByStep (eps
     // up to the tolerance + 3, loads up to 4x the mean: the first step that
     // fits, whatever the shape of traffic in eps), then galloping (k
@@ -204,6 +212,7 @@ Status PlanLayout(const PlanOptions& o, const CostModel& cost, Plan p, Plan* pla
       eps = at_step(fit);
       DISTCA_RETURN_IF_ERROR(PlanOnce(o, cost, eps, &p));
       if (fits(p)) break;
+      if (eps > eps_max && layout_need > budget) return below_layout(eps);
       if (eps > eps_max)
         return Status::Internal(fmt::format("{} policy moves work at eps {} beyond the colocated imbalance {}",
                                             PlanPolicyName(o.policy), eps, eps_max));

@@ -22,6 +22,9 @@ Status ValidateLayout(const Plan& plan, bool even) {
   for (size_t d = 0; d < plan.documents.size(); ++d) {
     const PlanDocument& doc = plan.documents[d];
     if (doc.length <= 0) return Status::InvalidArgument(fmt::format("document {} has length {}", d, doc.length));
+    if (doc.length > kMaxDocumentLength)
+      return Status::InvalidArgument(
+          fmt::format("document {} has length {}, more than the supported {}", d, doc.length, kMaxDocumentLength));
     int64_t pos = 0;
     for (const PlanPiece& p : doc.pieces) {
       if (p.rank < 0 || p.rank >= plan.ranks)
@@ -130,6 +133,11 @@ Status ValidateWithLayout(const Plan& plan, const CostModel& cost, bool even) {
   if (!SameLoad(own.load_max, fresh.load_max) || !SameLoad(own.load_min, fresh.load_min) ||
       !SameLoad(own.load_mean, fresh.load_mean))
     return Status::InvalidArgument("plan load summary (max, min, mean) differs from the recomputed one");
+  // (bound_met is the planner's report and is not checked: a plan built by
+  // hand leaves it at its default.)
+  if (!std::isfinite(plan.tolerance_used) || plan.tolerance_used < 0)
+    return Status::InvalidArgument(
+        fmt::format("plan tolerance_used is {}: it must be a finite number >= 0", plan.tolerance_used));
   return Status::Ok();
 }
 

@@ -445,17 +445,26 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
     }
 
     for (int r = 0; r < total_ranks; ++r) {
-      // buffer: every exchange of the layer; alive: one exchange per
-      // nano-batch, the largest (distca's runtime sizes a context's send and
-      // receive buffers per exchange and releases them after the pass).
+      // buffer: every exchange of the layer. alive: what distca's runtime
+      // (src/runtime/dispatcher.cc) holds for each nano-batch in flight, at
+      // the peak of a pass (forward: exchanges 0 and 1, backward: 2 and 3):
+      // a send and a receive buffer sized for the pass's larger exchange
+      // each way (refilled, not shrunk, between its two exchanges), the
+      // server's copies of the rows it serves (the dispatch's, received and
+      // its own) and of its results (the return's, sent and its own).
       double buffer = 0, alive = 0;
       for (const NanoCost& c : costs) {
-        double largest = 0;
-        for (int e = 0; e < kPlanExchanges; ++e) {
-          buffer += c.exchange_sent[e][r] + c.exchange_received[e][r];
-          largest = std::max(largest, c.exchange_sent[e][r] + c.exchange_received[e][r]);
+        double peak = 0;
+        for (int e = 0; e < kPlanExchanges; ++e) buffer += c.exchange_sent[e][r] + c.exchange_received[e][r];
+        for (int dispatch : {0, 2}) {
+          const int ret = dispatch + 1;
+          const double exchange = std::max(c.exchange_sent[dispatch][r], c.exchange_sent[ret][r]) +
+                                  std::max(c.exchange_received[dispatch][r], c.exchange_received[ret][r]);
+          const double server = c.exchange_received[dispatch][r] + c.exchange_local[dispatch][r] +
+                                c.exchange_sent[ret][r] + c.exchange_local[ret][r];
+          peak = std::max(peak, exchange + server);
         }
-        alive += largest;
+        alive += peak;
       }
       held_max[r] = std::max(held_max[r], tick_tokens[r]);
       buffer_max[r] = std::max(buffer_max[r], buffer);
@@ -476,9 +485,9 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
   // and hold none). Buffers: distca-paper with a comm budget, DistCA's
   // NVSHMEM region of comm_budget bytes per device, four times and enlarged
   // where its loop enlarged it, the same on every rank; without one, the
-  // largest per-layer send + receive of the rank. distca and colocated
-  // allocate per exchange: each nano-batch in flight holds its largest
-  // exchange's send + receive (a budget bounds them, it is not allocated).
+  // largest per-layer send + receive of the rank. distca and colocated (the
+  // runtime here) allocate per pass: alive_max (a budget bounds the
+  // exchanges, it is not allocated).
   const bool fixed_buffer = artifact_loop;
   const double buffer_copies = variant.artifact_buffer ? kDistcaArtifactBufferCopies : 1;
   o.memory_bytes.assign(total_ranks, 0.0);

@@ -187,7 +187,8 @@ struct CadVariant {
   // (largest) buffer kDistcaArtifactBufferCopies times (with a comm budget;
   // without one, the largest per-layer send + receive once). Otherwise
   // the planner raises eps in steps of 0.05 (PlanOptions::comm_budget), a
-  // plan that cannot fit is an error, and memory counts the buffer once.
+  // plan that cannot fit is an error, and memory counts the buffers the
+  // runtime here allocates for its plans, not the budget.
   bool artifact_buffer = false;
   // The bytes each all-to-all carries per row (PlanModel::wire).
   PlanWire wire = PlanWire::kDistca;

@@ -361,6 +361,18 @@ TEST(ValidateTest, AcceptsTheHandPlanAndCatchesEveryBreak) {
   ASSERT_TRUE(ComputePlanStats(p, cost, &p.stats).ok());
   p.stats.traffic.forward_bytes -= 1;
   EXPECT_TRUE(Contains(ValidatePlan(p, cost), "traffic"));
+  // The tolerance it reports must be a number >= 0.
+  ASSERT_TRUE(ComputePlanStats(p, cost, &p.stats).ok());
+  ASSERT_TRUE(ValidatePlan(p, cost).ok());
+  Plan claim = p;
+  claim.tolerance_used = -0.5;
+  EXPECT_TRUE(Contains(ValidatePlan(claim, cost), "tolerance_used is -0.5"));
+  // A document longer than the planner supports.
+  Plan huge = p;
+  huge.documents[0].length = kMaxDocumentLength + 1;
+  huge.documents[0].pieces.back().end = kMaxDocumentLength + 1;
+  EXPECT_TRUE(Contains(ValidatePlanStructure(huge), "more than the supported"));
+  p = HandPlan();
   // Bytes moved from one exchange to another, totals unchanged.
   ASSERT_TRUE(ComputePlanStats(p, cost, &p.stats).ok());
   p.stats.traffic.exchange_sent[0][0] -= 1;
@@ -686,10 +698,12 @@ TEST(PlannerTest, CommBudgetRaisesTolerance) {
   below.tolerance = p.tolerance_used - 0.05;
   ASSERT_TRUE(BuildPlan(Skewed(), below, cost, &q).ok());
   EXPECT_GT(q.stats.traffic.max_exchange_bytes(true), o.comm_budget);
-  // Below what the layout alone needs: an error, or, with budget_grows, a
-  // plan within the colocated plan's need.
-  o.comm_budget = colocated_need - 1;
+  // Below what any plan needs: an error naming the scope, or, with
+  // budget_grows, a plan within the colocated plan's need. (Just below the
+  // layout's need a plan may still fit: ABudgetBelowTheLayoutsNeedCanStillFit.)
+  o.comm_budget = 1;
   EXPECT_TRUE(Contains(BuildPlan(Skewed(), o, cost, &p), "in one exchange, its own rows included"));
+  o.comm_budget = colocated_need - 1;
   o.budget_grows = true;
   ASSERT_TRUE(BuildPlan(Skewed(), o, cost, &p).ok());
   EXPECT_TRUE(ValidatePlan(p, cost).ok());
@@ -789,6 +803,59 @@ TEST(PlannerTest, CommBudgetSearchFindsTheFirstStepThatFits) {
     }
   }
   EXPECT_GT(most_steps, 60);  // galloping and bisection ran, not only the step-by-step start
+}
+
+// A budget below what the layout alone moves can still be met: here the
+// colocated plan's busiest rank moves 227328 bytes, the plan at eps 1.15
+// 214528 (a tail piece served where its prefix lives); and, counting own
+// rows per exchange, 103808 against 103680 at eps 0.9. Both budgets are met
+// by a search, not refused.
+TEST(PlannerTest, ABudgetBelowTheLayoutsNeedCanStillFit) {
+  struct Case {
+    std::vector<int64_t> docs;
+    int ranks, servers, kv_heads, head_dim;
+    int64_t block;
+    bool per_exchange;
+  };
+  for (const Case& c :
+       {Case{{430, 2674, 1729, 1220, 2763}, 3, 3, 1, 8, 32, false}, Case{{1297}, 4, 1, 8, 128, 64, true}}) {
+    PlanOptions o;
+    o.ranks = c.ranks;
+    o.dedicated_servers = c.servers;
+    o.block = c.block;
+    o.model.kv_heads = c.kv_heads;
+    o.model.head_dim = c.head_dim;
+    if (c.kv_heads == 1) o.model.q_heads = 4;
+    o.budget_per_exchange = c.per_exchange;
+    o.budget_counts_local = c.per_exchange;
+    const CostModel cost = CostModel::Flops(o.model);
+    auto need = [&](const Plan& q) {
+      return c.per_exchange ? q.stats.traffic.max_exchange_bytes(true) : q.stats.traffic.max_rank_bytes();
+    };
+    PlanOptions colocated = o;
+    colocated.policy = PlanPolicy::kColocated;
+    Plan layout;
+    ASSERT_TRUE(BuildPlan(c.docs, colocated, cost, &layout).ok());
+    // The least any step up to eps 3 needs.
+    int64_t least = need(layout);
+    for (int k = 0; k <= 60; ++k) {
+      PlanOptions x = o;
+      x.tolerance = 0.05 * k;
+      Plan q;
+      ASSERT_TRUE(BuildPlan(c.docs, x, cost, &q).ok());
+      least = std::min(least, need(q));
+    }
+    ASSERT_LT(least, need(layout)) << c.docs.size();
+    o.comm_budget = least;
+    Plan p;
+    const Status s = BuildPlan(c.docs, o, cost, &p);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_LE(need(p), least);
+    EXPECT_TRUE(ValidatePlan(p, cost).ok());
+    // Below that, nothing fits: refused, naming the layout's need.
+    o.comm_budget = least - 1;
+    EXPECT_TRUE(Contains(BuildPlan(c.docs, o, cost, &p), "below what the linear layout alone moves"));
+  }
 }
 
 // Traffic is not monotone in eps: here step 30 (eps 1.55) fits, steps 31-50

@@ -3,6 +3,7 @@
 // modes; and the bytes moved equal the planner's exact estimate.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <functional>
 #include <sstream>
 #include <thread>
@@ -279,14 +280,19 @@ TEST(DispatcherErrorsTest, PhasesOutOfOrderAreRefused) {
             d->StartBackward(comm, q.data(), kv.data(), kv.data(), out.data(), lse.data(), q.data(), &ctx),
             "cached backward needs the forward"));
       if (comm.rank() == tester) {
-        DISTCA_RETURN_IF_ERROR(d->StartForward(comm, q.data(), kv.data(), kv.data(), &ctx));
         // The other rank has not posted its half: the exchange is in
         // flight, and a second start would reassign the buffers it fills.
-        const Status again = d->StartForward(comm, q.data(), kv.data(), kv.data(), &ctx);
+        const Status first = d->StartForward(comm, q.data(), kv.data(), kv.data(), &ctx);
+        const Status again = first.ok() ? d->StartForward(comm, q.data(), kv.data(), kv.data(), &ctx) : first;
         second_start_tried = true;
+        DISTCA_RETURN_IF_ERROR(first);
         DISTCA_RETURN_IF_ERROR(expect_refused(again, "still in flight"));
       } else {
-        while (!second_start_tried) std::this_thread::yield();
+        const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+        while (!second_start_tried) {
+          if (std::chrono::steady_clock::now() > give_up) return Status::Unavailable("the other rank never started");
+          std::this_thread::yield();
+        }
         DISTCA_RETURN_IF_ERROR(d->StartForward(comm, q.data(), kv.data(), kv.data(), &ctx));
       }
       DISTCA_RETURN_IF_ERROR(expect_refused(d->FinishForward(comm, out.data(), lse.data(), &ctx),
