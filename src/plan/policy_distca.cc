@@ -94,7 +94,15 @@ class FirstFit {
   std::vector<double> tree_;
 };
 
-// Returns false when some unit fits nowhere.
+// The most block units the first-fit-decreasing fallback packs: about 100
+// MB of units and tasks, and a second or two. A batch of more (2^31 tokens in
+// blocks of 512, or block 1 on 4M tokens) keeps the greedy's plan instead:
+// units of one block each would cost memory and time in proportion to the
+// tokens (150 GB at 2^31 tokens in blocks of 1).
+constexpr int64_t kMaxPackedUnits = int64_t{1} << 22;
+
+// Returns false when some unit fits nowhere, or there are more than
+// kMaxPackedUnits of them.
 bool PackUnits(const CostModel& cost, double cap, bool owner_first, Plan* plan) {
   struct Unit {
     double cost;
@@ -102,7 +110,13 @@ bool PackUnits(const CostModel& cost, double cap, bool owner_first, Plan* plan) 
     int64_t begin, end;
     int owner;
   };
+  int64_t count = 0;
+  for (const PlanDocument& d : plan->documents)
+    for (const PlanPiece& p : d.pieces)
+      if (p.end > p.begin) count += (p.end - 1) / plan->block - p.begin / plan->block + 1;
+  if (count > kMaxPackedUnits) return false;
   std::vector<Unit> units;
+  units.reserve(size_t(count));
   for (size_t d = 0; d < plan->documents.size(); ++d) {
     for (const PlanPiece& p : plan->documents[d].pieces) {
       for (int64_t a = p.begin; a < p.end;) {
