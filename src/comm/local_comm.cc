@@ -303,8 +303,12 @@ Status RunLocal(int ranks, double timeout_seconds, const std::function<Status(Co
   std::vector<Status> results(ranks);
   std::vector<std::thread> threads;
   threads.reserve(ranks);
-  for (int r = 0; r < ranks; ++r) {
-    threads.emplace_back([&, r] {
+  Status not_started;
+  for (int r = 0; r < ranks && not_started.ok(); ++r) {
+    // A thread that cannot start (the process is out of threads or
+    // memory) fails the job like a rank that failed: the ranks already
+    // running see it and return, and are joined.
+    auto run = [&, r] {
       LocalComm comm(&world, r);
       try {
         results[r] = fn(comm);
@@ -314,9 +318,17 @@ Status RunLocal(int ranks, double timeout_seconds, const std::function<Status(Co
         results[r] = Status::Internal("unknown exception");
       }
       if (!results[r].ok()) comm.Abort(results[r]);
-    });
+    };
+    try {
+      threads.emplace_back(run);
+    } catch (const std::exception& e) {
+      not_started =
+          Status::Unavailable(fmt::format("could not start the thread of local rank {} of {}: {}", r, ranks, e.what()));
+      LocalComm(&world, r).Abort(not_started);
+    }
   }
   for (std::thread& t : threads) t.join();
+  if (!not_started.ok()) return not_started;
   // The failure that started it, if any (others only echo it).
   const Status first = world.failure();
   if (!first.ok()) return first;

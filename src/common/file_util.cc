@@ -53,12 +53,34 @@ Status ReadTextFile(const std::string& path, std::string* contents, size_t strea
   return Status::Ok();
 }
 
-Status WriteTextFile(const std::string& path, std::string_view contents) {
+namespace {
+
+Status WriteInPlace(const std::string& path, std::string_view contents) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   if (!out) return Status::IoError("cannot create '" + path + "': " + std::strerror(errno));
   out.write(contents.data(), static_cast<std::streamsize>(contents.size()));
   out.close();
   if (!out) return Status::IoError("error while writing '" + path + "'");
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status WriteTextFile(const std::string& path, std::string_view contents) {
+  std::error_code ec;
+  const std::filesystem::file_status st = std::filesystem::status(path, ec);
+  // A device or a pipe (/dev/stdout) is written as it is.
+  if (!ec && std::filesystem::exists(st) && !std::filesystem::is_regular_file(st)) return WriteInPlace(path, contents);
+  const std::string tmp = path + ".tmp";
+  if (Status s = WriteInPlace(tmp, contents); !s.ok()) {
+    std::remove(tmp.c_str());
+    return s.WithContext("writing '" + path + "'");
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    std::remove(tmp.c_str());
+    return Status::IoError("cannot rename '" + tmp + "' to '" + path + "': " + std::strerror(err));
+  }
   return Status::Ok();
 }
 

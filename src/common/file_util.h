@@ -13,6 +13,9 @@ namespace distca {
 // /dev/zero would otherwise fill memory.
 inline constexpr size_t kMaxStreamReadBytes = size_t{1} << 30;
 Status ReadTextFile(const std::string& path, std::string* contents, size_t stream_limit = kMaxStreamReadBytes);
+// Writes a whole file: to path + ".tmp", renamed over `path` once complete
+// (a failed write leaves the old file, and no .tmp); a device or a pipe is
+// written as it is. Not fsynced (WriteFileAtomic is).
 Status WriteTextFile(const std::string& path, std::string_view contents);
 
 // Writes `contents` to path + ".tmp", fsyncs it, renames it over `path` and

@@ -2,7 +2,10 @@
 #include "common/file_util.h"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <unistd.h>
+
+#include <csignal>
 
 #include <filesystem>
 #include <string>
@@ -35,6 +38,33 @@ TEST(FileUtilTest, ReadTextFileReadsAndReportsFailures) {
   EXPECT_NE(endless.message().find("is not a regular file and gives more than 1048576 bytes"), std::string::npos);
   ASSERT_TRUE(ReadTextFile((dir / "a.txt").string(), &got, 16).ok());
   EXPECT_EQ(got.size(), text.size() + 3);
+  std::filesystem::remove_all(dir);
+}
+
+// A write that fails half way (here: past the file-size limit) leaves the
+// old file whole and no temporary; a device is written in place.
+TEST(FileUtilTest, AFailedWriteLeavesTheOldFile) {
+  const std::filesystem::path dir =
+      std::filesystem::path(::testing::TempDir()) / ("distca_file_write_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "out.json").string();
+  ASSERT_TRUE(WriteTextFile(path, "old").ok());
+  rlimit saved{};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &saved), 0);
+  const auto previous = std::signal(SIGXFSZ, SIG_IGN);
+  rlimit small = saved;
+  small.rlim_cur = 4096;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  const Status s = WriteTextFile(path, std::string(100000, 'x'));
+  ::setrlimit(RLIMIT_FSIZE, &saved);
+  std::signal(SIGXFSZ, previous);
+  EXPECT_EQ(s.code(), StatusCode::kIoError) << s.ToString();
+  std::string got;
+  ASSERT_TRUE(ReadTextFile(path, &got).ok());
+  EXPECT_EQ(got, "old");
+  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+  EXPECT_TRUE(WriteTextFile("/dev/null", "anything").ok());
   std::filesystem::remove_all(dir);
 }
 
