@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "common/cli_checks.h"
+#include "common/file_util.h"
 #include "common/timer.h"
 #include "distca/train.h"
 #include "model_flags.h"
@@ -227,6 +228,9 @@ int Run(int argc, char** argv) {
           fmt::format("{} configures ranks as threads of one process; under mpirun the ranks are its "
                       "processes (-np)",
                       flag));
+  if (a.compare && app.count("--attention") > 0) return Fail("--compare runs both attention modes; drop --attention");
+  if (!a.trace_file.empty())
+    if (Status st = distca::CheckOutputPath(a.trace_file); !st.ok()) return Fail("--trace: " + st.message());
   if (a.compare && !t.load_dir.empty()) return Fail("--compare starts both runs from scratch; drop --load");
   if (a.compare && !t.save_dir.empty()) return Fail("--compare does not save; drop --save");
 
@@ -240,6 +244,7 @@ int Run(int argc, char** argv) {
   }
 
   std::FILE* log = nullptr;
+  std::string log_error;  // the first failed write to --json-log
   distca::Tracer tracer;
   if (!a.trace_file.empty()) t.tracer = &tracer;
   std::vector<RunSummary> runs;
@@ -301,9 +306,9 @@ int Run(int argc, char** argv) {
             mode, m.step, v.steps, m.loss, Rate(m.tokens_per_s), m.step_s, m.load_max_over_mean,
             double(m.comm_bytes) * 1e-6, Duration(elapsed.Seconds()), Duration(elapsed.Seconds() / done * left));
         std::fflush(stdout);
-        if (log != nullptr) {
-          std::fprintf(log, "%s\n", StepJson(mode, m).dump().c_str());
-          std::fflush(log);
+        if (log != nullptr && log_error.empty()) {
+          if (std::fprintf(log, "%s\n", StepJson(mode, m).dump().c_str()) < 0 || std::fflush(log) != 0)
+            log_error = std::strerror(errno);
         }
       }));
     }
@@ -312,8 +317,9 @@ int Run(int argc, char** argv) {
           tracer.WriteChromeJson(root ? a.trace_file : fmt::format("{}.rank{}", a.trace_file, comm.rank())));
     return Status::Ok();
   });
-  if (log != nullptr) std::fclose(log);
+  if (log != nullptr && std::fclose(log) != 0 && log_error.empty()) log_error = std::strerror(errno);
   if (!s.ok()) return Fail(s.message());
+  if (!log_error.empty()) return Fail(fmt::format("cannot write --json-log {}: {}", a.json_log, log_error));
   if (!a.trace_file.empty() && !distca::LaunchedByMpirun()) {
     s = tracer.WriteChromeJson(a.trace_file);
     if (!s.ok()) return Fail(s.message());

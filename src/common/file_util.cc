@@ -125,6 +125,17 @@ std::string DirectoryOf(const std::string& path) {
   return parent.empty() ? "." : parent.string();
 }
 
+Status CheckOutputPath(const std::string& path) {
+  if (path.empty()) return Status::InvalidArgument("the output path is empty");
+  const std::string dir = DirectoryOf(path);
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec))
+    return Status::IoError("cannot write '" + path + "': '" + dir + "' is not a directory");
+  if (::access(dir.c_str(), W_OK) != 0)
+    return Status::IoError("cannot write '" + path + "': '" + dir + "' is not writable: " + std::strerror(errno));
+  return Status::Ok();
+}
+
 Status WriteFileAtomic(const std::string& path, std::string_view contents) {
   const std::string tmp = path + ".tmp";
   DISTCA_RETURN_IF_ERROR(WriteFileSynced(tmp, contents));

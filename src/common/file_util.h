@@ -26,6 +26,9 @@ Status WriteFileAtomic(const std::string& path, std::string_view contents);
 // `path` ("." for a bare name).
 Status WriteFileSynced(const std::string& path, std::string_view contents);
 std::string DirectoryOf(const std::string& path);
+// Whether a file can be written at `path` (its directory exists and is
+// writable): checked before a long run whose output goes there.
+Status CheckOutputPath(const std::string& path);
 // fsync on a directory, so that renames inside it are durable.
 Status SyncDirectory(const std::string& dir);
 
