@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -440,6 +441,31 @@ int Run(int argc, char** argv) {
                         "breakdown: drop {}",
                         flag));
   if (a.search && a.breakdown) return Fail("--search prints no breakdown: drop --breakdown");
+  if (a.json && a.breakdown) return Fail("--json carries the breakdown always: drop --breakdown");
+  {  // Flags for strategies that --strategies does not list.
+    auto listed = [&](std::initializer_list<distca::SimStrategy> any) {
+      for (distca::SimStrategy st : strategies)
+        for (distca::SimStrategy x : any)
+          if (st == x) return true;
+      return false;
+    };
+    using distca::SimStrategy;
+    if (!listed({SimStrategy::kDistca, SimStrategy::kDistcaPaper}))
+      if (const char* flag =
+              distca::cli::FirstGiven(app, {"--tolerance", "--comm-budget", "--wire", "--no-ping-pong", "--servers"}))
+        return Fail(fmt::format("{} configures CAD: it needs distca or distca-paper among --strategies", flag));
+    if (app.count("--servers") > 0 && !listed({SimStrategy::kDistca}))
+      return Fail("--servers gives distca dedicated servers: it needs distca among --strategies");
+    if (app.count("--cp") > 0 && !listed({SimStrategy::kWlbIdeal, SimStrategy::kMegatron}))
+      return Fail("--cp fixes the baselines' CP degree: it needs wlb-ideal or megatron among --strategies");
+    if (app.count("--wlb-scope") > 0 && !listed({SimStrategy::kWlbIdeal}))
+      return Fail("--wlb-scope configures wlb-ideal: it needs wlb-ideal among --strategies");
+    if (a.tolerance_sweep && app.count("--strategies") > 0)
+      for (SimStrategy st : strategies)
+        if (!IsCad(st))
+          return Fail(fmt::format("--tolerance-sweep runs CAD strategies only: drop {} from --strategies",
+                                  distca::SimStrategyName(st)));
+  }
   if (a.search) {
     if (!a.docs_file.empty() || !a.paper_grid.empty() || a.tolerance_sweep)
       return Fail(
