@@ -12,6 +12,7 @@
 #include "bench/profile_bench.h"
 #include "bench/train_bench.h"
 #include "common/cli_checks.h"
+#include "distca/comm.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"distca benchmarks"};
@@ -96,6 +97,21 @@ int main(int argc, char** argv) {
     }
   }
 
+  if (profiler->parsed() && profile.short_mode)
+    if (const char* flag = distca::cli::FirstGiven(*profiler, {"--model", "--reps"})) {
+      std::fprintf(stderr, "distca-bench profile: --short fixes the model (tiny) and the runs (1); drop %s\n", flag);
+      return 2;
+    }
+  if (distca::LaunchedByMpirun())
+    for (CLI::App* sub : {dispatcher, trainer, profiler})
+      if (sub->parsed() && sub->count("--ranks") > 0) {
+        std::fprintf(stderr,
+                     "distca-bench %s: --ranks sets the local backend's ranks; under mpirun the ranks are its "
+                     "processes (-np)\n",
+                     sub->get_name().c_str());
+        return 2;
+      }
+
   const std::map<std::string, distca::AttentionKernel> kernels = {{"auto", distca::AttentionKernel::kAuto},
                                                                   {"scalar", distca::AttentionKernel::kScalar},
                                                                   {"avx2", distca::AttentionKernel::kAvx2},
@@ -105,27 +121,27 @@ int main(int argc, char** argv) {
     std::string error;
     if (attention->parsed() && !distca::bench::RunAttentionBench(attn, &error)) {
       std::fprintf(stderr, "distca-bench attention: %s\n", error.c_str());
-      return 1;
+      return 2;
     }
     if (dispatcher->parsed() && !distca::bench::RunDispatchBench(dispatch, &error)) {
       std::fprintf(stderr, "distca-bench dispatch: %s\n", error.c_str());
-      return 1;
+      return 2;
     }
     if (trainer->parsed() && !distca::bench::RunTrainBench(train, &error)) {
       std::fprintf(stderr, "distca-bench train: %s\n", error.c_str());
-      return 1;
+      return 2;
     }
     if (profiler->parsed() && !distca::bench::RunProfileBench(profile, &error)) {
       std::fprintf(stderr, "distca-bench profile: %s\n", error.c_str());
-      return 1;
+      return 2;
     }
     if (planner->parsed() && !distca::bench::RunPlanBench(plan, &error)) {
       std::fprintf(stderr, "distca-bench plan: %s\n", error.c_str());
-      return 1;
+      return 2;
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "distca-bench: %s\n", e.what());
-    return 1;
+    return 2;
   }
   return 0;
 }
