@@ -4,7 +4,9 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,6 +30,20 @@ int Run(int argc, char** argv) {
   app.add_option("--glob", glob, "only files whose path relative to --input matches (fnmatch; '*' crosses '/')");
   app.add_option("--output", output, "writes OUTPUT.bin and OUTPUT.idx")->required();
   if (int rc = 0; !distca::cli::Parse(app, argc, argv, &rc)) return rc;
+  // OUTPUT is a prefix: it needs a file name, and its files must not land
+  // among the documents they are made from (a second run would read them).
+  const std::filesystem::path prefix(output);
+  if (output.empty() || !prefix.has_filename())
+    return Fail(fmt::format("--output '{}' names no file: give a prefix such as DIR/corpus", output));
+  std::error_code ec;
+  const std::filesystem::path in = std::filesystem::weakly_canonical(input, ec);
+  const std::filesystem::path out_dir =
+      std::filesystem::weakly_canonical(std::filesystem::absolute(prefix).parent_path(), ec);
+  if (!ec) {
+    const auto [in_end, out_it] = std::mismatch(in.begin(), in.end(), out_dir.begin(), out_dir.end());
+    if (in_end == in.end())
+      return Fail(fmt::format("--output '{}' is inside --input '{}': its files would become documents", output, input));
+  }
 
   std::unique_ptr<distca::DocumentSource> source;
   distca::Status s = distca::OpenTextDirectory(input, glob, &source);
