@@ -122,6 +122,8 @@ int Run(int argc, char** argv) {
   if (a.batch && a.docs_file.empty()) return Fail("--batch needs --docs-file");
   if (a.plan.budget_per_exchange && a.plan.comm_budget == 0)
     return Fail("--budget-per-exchange says what --comm-budget bounds: it needs a positive --comm-budget");
+  if (a.plan.budget_counts_local && !a.plan.budget_per_exchange)
+    return Fail("--budget-counts-local counts a rank's own rows in each exchange: it needs --budget-per-exchange");
   if (!a.docs_file.empty()) {
     const char* flag = distca::cli::FirstGiven(app, distca::cli::kSamplingFlags);
     if (flag == nullptr) flag = distca::cli::FirstGiven(app, {"--max-doc-len"});
@@ -144,8 +146,8 @@ int Run(int argc, char** argv) {
   s = LoadBatches(a, &batches);
   if (!s.ok()) return Fail(s.message());
   if (!a.emit_plan.empty() && batches.size() != 1)
-    return Fail(
-        fmt::format("--emit-plan writes one plan but there are {} batches; pick one with --batch", batches.size()));
+    return Fail(fmt::format("--emit-plan writes one plan but there are {} batches; {}", batches.size(),
+                            a.docs_file.empty() ? "sample one (--batches 1)" : "pick one with --batch"));
 
   if (!a.json) {
     fmt::print("policy {}, {} ranks + {} dedicated servers, eps {}, block {}, cost in {}\n",
