@@ -173,12 +173,18 @@ int Run(int argc, char** argv) {
                  "tokens per rank per step (Default: with --docs-file the batch total / ranks)")
       ->check(pos);
   app.add_option("--steps", t.steps, "train until this step (Default: 10)")->check(pos);
-  app.add_option("--lr", t.lr, "peak learning rate (Default: 3e-4)")->check(pos);
-  app.add_option("--min-lr", t.min_lr, "learning rate at the end of the cosine (Default: 3e-5)")->check(nonneg);
+  app.add_option("--lr", t.lr, "peak learning rate (Default: 3e-4)")->check(pos)->check(distca::cli::kFitsFloat);
+  app.add_option("--min-lr", t.min_lr, "learning rate at the end of the cosine (Default: 3e-5)")
+      ->check(nonneg)
+      ->check(distca::cli::kFitsFloat);
   app.add_option("--warmup-steps", t.warmup_steps, "linear warmup steps (Default: 0)")->check(nonneg);
   app.add_option("--lr-decay-steps", t.lr_decay_steps, "cosine length in steps (Default: --steps)")->check(nonneg);
-  app.add_option("--clip-grad", t.grad_clip, "global gradient-norm clip, 0 = off (Default: 1)")->check(nonneg);
-  app.add_option("--weight-decay", t.adamw.weight_decay, "AdamW weight decay (Default: 0.1)")->check(nonneg);
+  app.add_option("--clip-grad", t.grad_clip, "global gradient-norm clip, 0 = off (Default: 1)")
+      ->check(nonneg)
+      ->check(distca::cli::kFitsFloat);
+  app.add_option("--weight-decay", t.adamw.weight_decay, "AdamW weight decay (Default: 0.1)")
+      ->check(nonneg)
+      ->check(distca::cli::kFitsFloat);
   app.add_option("--seed", t.seed, "weights and data (Default: 1234)");
   app.add_option("--attention", a.attention, "colocated or cad (Default: cad)");
   app.add_flag("--compare", a.compare, "run the steps colocated, then again with CAD, and compare");

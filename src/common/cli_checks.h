@@ -23,6 +23,18 @@ inline const CLI::Validator kPositive(
     },
     "POSITIVE");
 
+// Accepts numbers a float holds (|x| <= FLT_MAX): options stored as float
+// would otherwise turn 1e308 into infinity.
+inline const CLI::Validator kFitsFloat(
+    [](std::string& s) -> std::string {
+      try {
+        return std::abs(std::stod(s)) <= 3.4028234663852886e38 ? "" : "is beyond the range of a float, got " + s;
+      } catch (...) {
+        return "must be a number, got '" + s + "'";
+      }
+    },
+    "FLOAT");
+
 // Accepts numbers >= 0.
 inline const CLI::Validator kNonNegative(
     [](std::string& s) -> std::string {
