@@ -76,6 +76,11 @@ Status CostModel::FromTableCsv(std::string_view csv_text, CostModel* model) {
     if (!(q >= 1) || !(kv >= q) || !(s > 0) || !std::isfinite(s))
       return Status::InvalidArgument(
           fmt::format("table line {}: need 1 <= q_len <= kv_len and seconds > 0, got {},{},{}", line_no, q, kv, s));
+    // A bound far past any measurement (31 years a task), so that loads
+    // summed and extrapolated from the table stay finite.
+    if (s > 1e9)
+      return Status::InvalidArgument(
+          fmt::format("table line {}: {} seconds for one task is beyond 1e9 (31 years)", line_no, s));
     if (!points.emplace(std::pair{q, kv}, s).second)
       return Status::InvalidArgument(fmt::format("table line {}: duplicate point ({}, {})", line_no, q, kv));
   }
