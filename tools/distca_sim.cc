@@ -424,6 +424,7 @@ int Run(int argc, char** argv) {
   std::vector<distca::SimStrategy> strategies;
   s = distca::ParseSimStrategies(a.strategies, &strategies);
   if (!s.ok()) return Fail(s.message());
+  if (a.hardware.empty()) return Fail("--hardware: the path is empty");
   s = distca::LoadHardwareProfile(FindHardware(a.hardware), &o.hardware);
   if (!s.ok()) return Fail(s.message());
   if (a.lengths.empty() == a.docs_file.empty()) return Fail("give exactly one of --lengths and --docs-file");
