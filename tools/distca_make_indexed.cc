@@ -33,13 +33,13 @@ int Run(int argc, char** argv) {
   // OUTPUT is a prefix: it needs a file name, and its files must not land
   // among the documents they are made from (a second run would read them).
   const std::filesystem::path prefix(output);
-  if (output.empty() || !prefix.has_filename())
+  if (output.empty() || !prefix.has_filename() || prefix.filename() == "." || prefix.filename() == "..")
     return Fail(fmt::format("--output '{}' names no file: give a prefix such as DIR/corpus", output));
-  std::error_code ec;
+  std::error_code ec, out_ec;
   const std::filesystem::path in = std::filesystem::weakly_canonical(input, ec);
   const std::filesystem::path out_dir =
-      std::filesystem::weakly_canonical(std::filesystem::absolute(prefix).parent_path(), ec);
-  if (!ec) {
+      std::filesystem::weakly_canonical(std::filesystem::absolute(prefix).parent_path(), out_ec);
+  if (!ec && !out_ec) {
     const auto [in_end, out_it] = std::mismatch(in.begin(), in.end(), out_dir.begin(), out_dir.end());
     if (in_end == in.end())
       return Fail(fmt::format("--output '{}' is inside --input '{}': its files would become documents", output, input));

@@ -451,12 +451,11 @@ int Run(int argc, char** argv) {
       return false;
     };
     using distca::SimStrategy;
-    if (!listed({SimStrategy::kDistca, SimStrategy::kDistcaPaper}))
-      if (const char* flag =
-              distca::cli::FirstGiven(app, {"--tolerance", "--comm-budget", "--wire", "--no-ping-pong", "--servers"}))
-        return Fail(fmt::format("{} configures CAD: it needs distca or distca-paper among --strategies", flag));
     if (app.count("--servers") > 0 && !listed({SimStrategy::kDistca}))
       return Fail("--servers gives distca dedicated servers: it needs distca among --strategies");
+    if (!listed({SimStrategy::kDistca, SimStrategy::kDistcaPaper}))
+      if (const char* flag = distca::cli::FirstGiven(app, {"--tolerance", "--comm-budget", "--wire", "--no-ping-pong"}))
+        return Fail(fmt::format("{} configures CAD: it needs distca or distca-paper among --strategies", flag));
     if (app.count("--cp") > 0 && !listed({SimStrategy::kWlbIdeal, SimStrategy::kMegatron}))
       return Fail("--cp fixes the baselines' CP degree: it needs wlb-ideal or megatron among --strategies");
     if (app.count("--wlb-scope") > 0 && !listed({SimStrategy::kWlbIdeal}))

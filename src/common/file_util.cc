@@ -68,10 +68,17 @@ Status WriteInPlace(const std::string& path, std::string_view contents) {
 
 Status WriteTextFile(const std::string& path, std::string_view contents) {
   std::error_code ec;
-  const std::filesystem::file_status st = std::filesystem::status(path, ec);
-  // A device or a pipe (/dev/stdout) is written as it is.
+  const std::filesystem::file_status st = std::filesystem::symlink_status(path, ec);
+  // A device, a pipe or a link (/dev/stdout is one) is written as it is: a
+  // rename would replace the link, not what it points to.
   if (!ec && std::filesystem::exists(st) && !std::filesystem::is_regular_file(st)) return WriteInPlace(path, contents);
   const std::string tmp = path + ".tmp";
+  {
+    std::ofstream probe(tmp, std::ios::binary | std::ios::trunc);
+    // No temporary can be made beside it (a directory this user cannot
+    // write, holding a file it can): write in place.
+    if (!probe) return WriteInPlace(path, contents);
+  }
   if (Status s = WriteInPlace(tmp, contents); !s.ok()) {
     std::remove(tmp.c_str());
     return s.WithContext("writing '" + path + "'");
@@ -127,8 +134,14 @@ std::string DirectoryOf(const std::string& path) {
 
 Status CheckOutputPath(const std::string& path) {
   if (path.empty()) return Status::InvalidArgument("the output path is empty");
-  const std::string dir = DirectoryOf(path);
   std::error_code ec;
+  const std::filesystem::file_status st = std::filesystem::status(path, ec);
+  if (!ec && std::filesystem::is_directory(st))
+    return Status::IoError("cannot write '" + path + "': it is a directory");
+  // An existing file other than a directory (a device such as /dev/null, or
+  // a file) is written in place if need be.
+  if (!ec && std::filesystem::exists(st)) return Status::Ok();
+  const std::string dir = DirectoryOf(path);
   if (!std::filesystem::is_directory(dir, ec))
     return Status::IoError("cannot write '" + path + "': '" + dir + "' is not a directory");
   if (::access(dir.c_str(), W_OK) != 0)

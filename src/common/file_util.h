@@ -14,8 +14,9 @@ namespace distca {
 inline constexpr size_t kMaxStreamReadBytes = size_t{1} << 30;
 Status ReadTextFile(const std::string& path, std::string* contents, size_t stream_limit = kMaxStreamReadBytes);
 // Writes a whole file: to path + ".tmp", renamed over `path` once complete
-// (a failed write leaves the old file, and no .tmp); a device or a pipe is
-// written as it is. Not fsynced (WriteFileAtomic is).
+// (a failed write leaves the old file, and no .tmp). A device, a pipe or a
+// symbolic link is written as it is, and so is a file where no temporary can
+// be created beside it. Not fsynced (WriteFileAtomic is).
 Status WriteTextFile(const std::string& path, std::string_view contents);
 
 // Writes `contents` to path + ".tmp", fsyncs it, renames it over `path` and
@@ -26,8 +27,9 @@ Status WriteFileAtomic(const std::string& path, std::string_view contents);
 // `path` ("." for a bare name).
 Status WriteFileSynced(const std::string& path, std::string_view contents);
 std::string DirectoryOf(const std::string& path);
-// Whether a file can be written at `path` (its directory exists and is
-// writable): checked before a long run whose output goes there.
+// Whether a file can be written at `path` (an existing file that is not a
+// directory, or a new one in a writable directory): checked before a long run
+// whose output goes there.
 Status CheckOutputPath(const std::string& path);
 // fsync on a directory, so that renames inside it are durable.
 Status SyncDirectory(const std::string& dir);

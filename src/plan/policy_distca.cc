@@ -94,9 +94,9 @@ class FirstFit {
   std::vector<double> tree_;
 };
 
-// The most block units the first-fit-decreasing fallback packs: about 100
-// MB of units and tasks, and a second or two. A batch of more (2^31 tokens in
-// blocks of 512, or block 1 on 4M tokens) keeps the greedy's plan instead:
+// The most block units the first-fit-decreasing fallback packs: 300-450 MB
+// of units, tasks and sort buffer, and a few seconds. A batch of more (2^31
+// tokens in blocks of 256, or block 1 on 8M tokens) keeps the greedy's plan:
 // units of one block each would cost memory and time in proportion to the
 // tokens (150 GB at 2^31 tokens in blocks of 1).
 constexpr int64_t kMaxPackedUnits = int64_t{1} << 22;

@@ -65,6 +65,20 @@ TEST(FileUtilTest, AFailedWriteLeavesTheOldFile) {
   EXPECT_EQ(got, "old");
   EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
   EXPECT_TRUE(WriteTextFile("/dev/null", "anything").ok());
+  // A link is written through, not replaced (/dev/stdout is a link).
+  const std::string target = (dir / "target.json").string(), link = (dir / "link.json").string();
+  ASSERT_TRUE(WriteTextFile(target, "old").ok());
+  std::filesystem::create_symlink(target, link);
+  ASSERT_TRUE(WriteTextFile(link, "new").ok());
+  EXPECT_TRUE(std::filesystem::is_symlink(link));
+  ASSERT_TRUE(ReadTextFile(target, &got).ok());
+  EXPECT_EQ(got, "new");
+  // An output path is checked before a long run: a directory is refused, a
+  // device or a new file in a writable directory accepted.
+  EXPECT_NE(CheckOutputPath(dir.string()).message().find("it is a directory"), std::string::npos);
+  EXPECT_TRUE(CheckOutputPath("/dev/null").ok());
+  EXPECT_TRUE(CheckOutputPath((dir / "new.json").string()).ok());
+  EXPECT_NE(CheckOutputPath((dir / "no" / "x.json").string()).message().find("is not a directory"), std::string::npos);
   std::filesystem::remove_all(dir);
 }
 
