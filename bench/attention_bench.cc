@@ -251,14 +251,14 @@ bool MeasureAttentionCostTable(const AttentionBenchOptions& o, std::string* csv_
 bool RunAttentionBench(const AttentionBenchOptions& o, std::string* error) {
   if (!CheckOptions(o, error)) return false;
   if (!o.table_out.empty()) {
-    for (const std::string& path : {o.table_out, ForwardTablePath(o.table_out)})
+    const std::string forward_out = ForwardTablePath(o.table_out);
+    for (const std::string& path : {o.table_out, forward_out})
       if (const Status s = CheckOutputPath(path); !s.ok()) {  // before minutes of measuring
         *error = s.ToString();
         return false;
       }
     std::string csv, forward_csv;
     if (!MeasureAttentionCostTable(o, &csv, &forward_csv, error)) return false;
-    const std::string forward_out = ForwardTablePath(o.table_out);
     for (const auto& [path, text] : {std::pair{o.table_out, csv}, std::pair{forward_out, forward_csv}}) {
       if (const Status s = WriteTextFile(path, text); !s.ok()) {
         *error = s.ToString();

@@ -153,16 +153,20 @@ struct PlanDocument {
   std::vector<PlanPiece> pieces;  // in position order; partition [0, length)
 };
 
-// Calls fn(index, piece) for each piece of `doc` overlapping positions
-// [a, b), in position order. The pieces must be in order and disjoint, as a
-// plan's are (ValidatePlanStructure checks it): the first is found by binary
-// search, so a document cut into many pieces costs log(pieces) per call.
+// Calls fn(index, piece, lo, hi) for each piece of `doc` that shares
+// positions [lo, hi) (not empty) with [a, b), in position order. The pieces
+// must be in order and disjoint, as a plan's are (ValidatePlanStructure
+// checks it): the first is found by binary search, so a document cut into
+// many pieces costs log(pieces) per call.
 template <class Fn>
 void ForEachPieceOverlapping(const PlanDocument& doc, int64_t a, int64_t b, Fn&& fn) {
   const auto& pieces = doc.pieces;
   auto it = std::upper_bound(pieces.begin(), pieces.end(), a,
                              [](int64_t pos, const PlanPiece& p) { return pos < p.end; });  // first with end > a
-  for (; it != pieces.end() && it->begin < b; ++it) fn(size_t(it - pieces.begin()), *it);
+  for (; it != pieces.end() && it->begin < b; ++it) {
+    const int64_t lo = std::max(a, it->begin), hi = std::min(b, it->end);
+    if (lo < hi) fn(size_t(it - pieces.begin()), *it, lo, hi);
+  }
 }
 
 struct PlanTask {

@@ -55,12 +55,27 @@ Status ReadTextFile(const std::string& path, std::string* contents, size_t strea
 
 namespace {
 
-Status WriteInPlace(const std::string& path, std::string_view contents) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) return Status::IoError("cannot create '" + path + "': " + std::strerror(errno));
+// Writes `contents` through an open stream and closes it.
+Status WriteOpened(std::ofstream& out, const std::string& path, std::string_view contents) {
   out.write(contents.data(), static_cast<std::streamsize>(contents.size()));
   out.close();
   if (!out) return Status::IoError("error while writing '" + path + "'");
+  return Status::Ok();
+}
+
+Status WriteInPlace(const std::string& path, std::string_view contents) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) return Status::IoError("cannot create '" + path + "': " + std::strerror(errno));
+  return WriteOpened(out, path, contents);
+}
+
+// Renames a complete temporary over `path`; on failure the temporary goes.
+Status RenameOver(const std::string& tmp, const std::string& path) {
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    std::remove(tmp.c_str());
+    return Status::IoError("cannot rename '" + tmp + "' to '" + path + "': " + std::strerror(err));
+  }
   return Status::Ok();
 }
 
@@ -73,22 +88,15 @@ Status WriteTextFile(const std::string& path, std::string_view contents) {
   // rename would replace the link, not what it points to.
   if (!ec && std::filesystem::exists(st) && !std::filesystem::is_regular_file(st)) return WriteInPlace(path, contents);
   const std::string tmp = path + ".tmp";
-  {
-    std::ofstream probe(tmp, std::ios::binary | std::ios::trunc);
-    // No temporary can be made beside it (a directory this user cannot
-    // write, holding a file it can): write in place.
-    if (!probe) return WriteInPlace(path, contents);
-  }
-  if (Status s = WriteInPlace(tmp, contents); !s.ok()) {
+  std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+  // No temporary can be made beside it (a directory this user cannot write,
+  // holding a file it can): write in place.
+  if (!out) return WriteInPlace(path, contents);
+  if (Status s = WriteOpened(out, tmp, contents); !s.ok()) {
     std::remove(tmp.c_str());
     return s.WithContext("writing '" + path + "'");
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    std::remove(tmp.c_str());
-    return Status::IoError("cannot rename '" + tmp + "' to '" + path + "': " + std::strerror(err));
-  }
-  return Status::Ok();
+  return RenameOver(tmp, path);
 }
 
 Status SyncDirectory(const std::string& dir) {
@@ -152,11 +160,7 @@ Status CheckOutputPath(const std::string& path) {
 Status WriteFileAtomic(const std::string& path, std::string_view contents) {
   const std::string tmp = path + ".tmp";
   DISTCA_RETURN_IF_ERROR(WriteFileSynced(tmp, contents));
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    std::remove(tmp.c_str());
-    return Status::IoError("cannot rename '" + tmp + "' to '" + path + "': " + std::strerror(err));
-  }
+  DISTCA_RETURN_IF_ERROR(RenameOver(tmp, path));
   return SyncDirectory(DirectoryOf(path));
 }
 

@@ -58,15 +58,14 @@ namespace {
 // in any order, and is then scanned).
 template <class Fn>
 void RowsByOwner(const PlanDocument& doc, bool ordered, int64_t a, int64_t b, Fn&& fn) {
-  auto visit = [&](size_t, const PlanPiece& p) {
-    const int64_t lo = std::max(a, p.begin);
-    const int64_t hi = std::min(b, p.end);
-    if (lo < hi) fn(p.rank, hi - lo);
-  };
   if (ordered) {
-    ForEachPieceOverlapping(doc, a, b, visit);
-  } else {
-    for (const PlanPiece& p : doc.pieces) visit(0, p);
+    ForEachPieceOverlapping(doc, a, b,
+                            [&](size_t, const PlanPiece& p, int64_t lo, int64_t hi) { fn(p.rank, hi - lo); });
+    return;
+  }
+  for (const PlanPiece& p : doc.pieces) {
+    const int64_t lo = std::max(a, p.begin), hi = std::min(b, p.end);
+    if (lo < hi) fn(p.rank, hi - lo);
   }
 }
 

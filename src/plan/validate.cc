@@ -53,7 +53,8 @@ Status ValidateLayout(const Plan& plan, bool even) {
 bool AllowedCut(const PlanDocument& doc, int64_t pos, int64_t block) {
   if (pos == 0 || pos == doc.length || pos % block == 0) return true;
   bool boundary = false;  // pos is inside (0, length): the piece holding pos - 1 ends at pos or later
-  ForEachPieceOverlapping(doc, pos - 1, pos, [&](size_t, const PlanPiece& p) { boundary = p.end == pos; });
+  ForEachPieceOverlapping(doc, pos - 1, pos,
+                          [&](size_t, const PlanPiece& p, int64_t, int64_t) { boundary = p.end == pos; });
   return boundary;
 }
 

@@ -64,8 +64,9 @@ struct AttentionContext::State {
   // A transfer still in flight writes into recv: wait for it (it ends, at
   // the latest, at the comm's timeout) before the buffers go.
   ~State() {
-    if (request.valid() && !request.Test()) (void)request.Wait();
+    if (in_flight()) (void)request.Wait();
   }
+  bool in_flight() { return request.valid() && !request.Test(); }
   // Server buffers: assembled Q/K/V (kept until backward in cached mode).
   std::vector<float> q, k, v, out, lse, dout, delta, dq, dk, dv;
   // Exchange buffers and counts of the pass in flight.
@@ -93,16 +94,6 @@ int64_t AttentionContext::held_bytes() const {
 namespace {
 
 using Layout = AttentionDispatcher::Layout;
-
-// Calls fn(piece, owner, begin, end) for each piece of `doc` overlapping
-// [a, b), in order, with the overlap [begin, end).
-template <class Fn>
-void ForOwners(const PlanDocument& doc, int64_t a, int64_t b, Fn&& fn) {
-  ForEachPieceOverlapping(doc, a, b, [&](size_t i, const PlanPiece& p) {
-    const int64_t lo = std::max(a, p.begin), hi = std::min(b, p.end);
-    if (lo < hi) fn(i, p.rank, lo, hi);
-  });
-}
 
 int64_t QWidth(const Layout& l) { return int64_t{l.options.q_heads} * l.options.head_dim; }
 int64_t KvWidth(const Layout& l) { return int64_t{l.options.kv_heads} * l.options.head_dim; }
@@ -215,7 +206,7 @@ Status EnterPhase(AttentionContext::State& st, const char* call, ContextPhase af
 
 // A Start phase reassigns the exchange buffers: no transfer may be filling them.
 Status EnterStart(AttentionContext::State& st, const char* call) {
-  if (st.request.valid() && !st.request.Test())
+  if (st.in_flight())
     return Status::FailedPrecondition(
         fmt::format("{}: the context's exchange after {} is still in flight", call, PhaseName(st.phase)));
   st.phase = ContextPhase::kIdle;
@@ -315,11 +306,12 @@ Status AttentionDispatcher::Create(const Plan& plan, int rank, const DispatchOpt
     std::vector<std::pair<const PlanTask*, int64_t>> q_offsets;
     for (const PlanTask* t : tasks) {
       q_offsets.push_back({t, q_rows});
-      ForOwners(plan.documents[t->doc], t->q_begin, t->q_end, [&](size_t piece, int owner, int64_t lo, int64_t hi) {
-        const Run run{local_row_of(t->doc, piece, lo), q_rows + (lo - t->q_begin), hi - lo};
-        if (s == rank) l->peers[owner].q_in.push_back(run);
-        if (owner == rank) l->peers[s].q_out.push_back(run);
-      });
+      ForEachPieceOverlapping(plan.documents[t->doc], t->q_begin, t->q_end,
+                              [&](size_t piece, const PlanPiece& p, int64_t lo, int64_t hi) {
+                                const Run run{local_row_of(t->doc, piece, lo), q_rows + (lo - t->q_begin), hi - lo};
+                                if (s == rank) l->peers[p.rank].q_in.push_back(run);
+                                if (p.rank == rank) l->peers[s].q_out.push_back(run);
+                              });
       q_rows += t->q_end - t->q_begin;
       kv_end[t->doc] = std::max(kv_end[t->doc], t->q_end);
     }
@@ -328,11 +320,12 @@ Status AttentionDispatcher::Create(const Plan& plan, int rank, const DispatchOpt
     std::map<int, int64_t> kv_offset;
     for (const auto& [doc, end] : kv_end) {
       kv_offset[doc] = kv_rows;
-      ForOwners(plan.documents[doc], 0, end, [&](size_t piece, int owner, int64_t lo, int64_t hi) {
-        const Run run{local_row_of(doc, piece, lo), kv_rows + lo, hi - lo};
-        if (s == rank) l->peers[owner].kv_in.push_back(run);
-        if (owner == rank) l->peers[s].kv_out.push_back(run);
-      });
+      ForEachPieceOverlapping(plan.documents[doc], 0, end,
+                              [&](size_t piece, const PlanPiece& p, int64_t lo, int64_t hi) {
+                                const Run run{local_row_of(doc, piece, lo), kv_rows + lo, hi - lo};
+                                if (s == rank) l->peers[p.rank].kv_in.push_back(run);
+                                if (p.rank == rank) l->peers[s].kv_out.push_back(run);
+                              });
       kv_rows += end;
     }
     if (s == rank) {

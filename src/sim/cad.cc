@@ -488,8 +488,6 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
   // largest per-layer send + receive of the rank. distca and colocated (the
   // runtime here) allocate per pass: alive_max (a budget bounds the
   // exchanges, it is not allocated).
-  const bool fixed_buffer = artifact_loop;
-  const double buffer_copies = variant.artifact_buffer ? kDistcaArtifactBufferCopies : 1;
   o.memory_bytes.assign(total_ranks, 0.0);
   o.buffer_bytes.assign(total_ranks, 0.0);
   for (int s = 0; s < P; ++s) {
@@ -502,7 +500,8 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
         mem.activation_tokens = held_max[r] * ctx.CadInFlight(m, s) * ctx.stage_layers;
         if (s == P - 1) mem.logits_tokens = held_max[r];  // the logits of its largest wave
       }
-      mem.buffer_bytes = fixed_buffer ? buffer_copies * std::max(double(opt.comm_budget) * opt.tp, buffer_need)
+      mem.buffer_bytes = artifact_loop
+                             ? kDistcaArtifactBufferCopies * std::max(double(opt.comm_budget) * opt.tp, buffer_need)
                          : variant.artifact_buffer ? buffer_max[r]
                                                    : alive_max[r];
       // Kept per layer, for every layer of the micro-batches in flight (as
