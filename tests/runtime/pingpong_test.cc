@@ -1,7 +1,10 @@
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <thread>
 
 #include "runtime/pingpong_testing.h"
 
@@ -148,6 +151,88 @@ TEST(PingPongTest, AFailureNamesItsPlaceAndTheNextStepRuns) {
     });
     EXPECT_TRUE(s.ok()) << (mode == BackwardMode::kCached ? "cached: " : "stateless: ") << s.ToString();
   }
+}
+
+// A Comm whose nonblocking requests complete no earlier than `delay` after
+// they were posted, and which counts the requests not yet waited for.
+class SlowComm : public Comm {
+ public:
+  SlowComm(Comm* inner, std::chrono::milliseconds delay) : inner_(inner), delay_(delay) {}
+  int pending() const { return pending_->load(); }
+
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  int machine_ranks() const override { return inner_->machine_ranks(); }
+  const char* backend() const override { return inner_->backend(); }
+  Status Barrier() override { return inner_->Barrier(); }
+  Status AllreduceSum(float* data, int64_t count) override { return inner_->AllreduceSum(data, count); }
+  Status Broadcast(void* data, int64_t bytes, int root) override { return inner_->Broadcast(data, bytes, root); }
+  CommRequest ISend(const void* data, int64_t bytes, int peer, int tag) override {
+    return Slow(inner_->ISend(data, bytes, peer, tag));
+  }
+  CommRequest IRecv(void* data, int64_t bytes, int peer, int tag) override {
+    return Slow(inner_->IRecv(data, bytes, peer, tag));
+  }
+  CommRequest IAlltoallv(const void* send, std::span<const int64_t> send_counts, void* recv,
+                         std::span<const int64_t> recv_counts) override {
+    return Slow(inner_->IAlltoallv(send, send_counts, recv, recv_counts));
+  }
+  void Abort(const Status& why) override { inner_->Abort(why); }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  class Request : public CommRequest::Impl {
+   public:
+    Request(CommRequest inner, Clock::time_point ready, std::shared_ptr<std::atomic<int>> pending)
+        : inner_(std::move(inner)), ready_(ready), pending_(std::move(pending)) {
+      ++*pending_;
+    }
+    ~Request() override {
+      if (!waited_) --*pending_;  // dropped unwaited: counted until here
+    }
+    Status Wait() override {
+      std::this_thread::sleep_until(ready_);
+      Status s = inner_.Wait();
+      if (!waited_) --*pending_;
+      waited_ = true;
+      return s;
+    }
+    bool Test() override { return Clock::now() >= ready_ && inner_.Test(); }
+
+   private:
+    CommRequest inner_;
+    Clock::time_point ready_;
+    std::shared_ptr<std::atomic<int>> pending_;
+    bool waited_ = false;
+  };
+  CommRequest Slow(CommRequest r) {
+    return CommRequest(std::make_shared<Request>(std::move(r), Clock::now() + delay_, pending_));
+  }
+
+  Comm* inner_;
+  std::chrono::milliseconds delay_;
+  std::shared_ptr<std::atomic<int>> pending_ = std::make_shared<std::atomic<int>>(0);
+};
+
+// After a failure the executor returns only once every transfer it posted
+// has completed: here nano-batch 0's exchange, posted just before nano-batch
+// 1 fails and held in flight for 300 ms. (Returning at once would leave it
+// pending for most of that time, with the comm thread polling contexts the
+// next call reuses.)
+TEST(PingPongTest, AFailureWaitsForTheTransfersItPosted) {
+  std::vector<Plan> plans;
+  ASSERT_TRUE(NanoPlans({200, 100, 150, 50}, 2, PlanPolicy::kDistca, 4, 2, 8, &plans).ok());
+  const Status s = RunLocal(2, [&](Comm& c) -> Status {
+    SlowComm slow(&c, std::chrono::milliseconds(300));
+    std::unique_ptr<PingPongExecutor> ex;
+    DISTCA_RETURN_IF_ERROR(PingPongExecutor::Create(&slow, plans, SmallStack(BackwardMode::kCached), &ex));
+    FailingOnceStack stack(*ex, plans, 2, 4, 2, 8);
+    if (ex->Forward(stack).ok()) return Status::Internal("the forward did not fail");
+    if (slow.pending() != 0)
+      return Status::Internal(fmt::format("{} transfers still in flight after the failed forward", slow.pending()));
+    return Status::Ok();
+  });
+  EXPECT_TRUE(s.ok()) << s.ToString();
 }
 
 TEST(PingPongTest, TracesEverySpanAsChromeJson) {
