@@ -3,13 +3,21 @@
 // pipeline (docs/simulator.md, "Baselines").
 #include <algorithm>
 #include <numeric>
+#include <unordered_map>
 
 #include "sim/pipeline.h"
 #include "sim/strategy.h"
 
 namespace distca::sim {
 
-CpStageCost CostCpMicroBatch(const SimContext& ctx, const std::vector<int64_t>& docs, int c, bool keeps_gathered_kv) {
+namespace {
+
+// CostCpMicroBatch with a memo of each document length's attention at this
+// c (batches repeat lengths: documents cut at L, upsampled copies; with a
+// measured table a length costs 2c lookups, so large CP sweeps spent most of
+// their time here).
+CpStageCost CostOne(const SimContext& ctx, const std::vector<int64_t>& docs, int c, bool keeps_gathered_kv,
+                    std::unordered_map<int64_t, RankCosts::AttentionSeconds>* memo) {
   const RankCosts& k = ctx.costs;
   const double tokens = double(std::accumulate(docs.begin(), docs.end(), int64_t{0}));
   const bool inter = ctx.CpInterNode(c);
@@ -18,7 +26,9 @@ CpStageCost CostCpMicroBatch(const SimContext& ctx, const std::vector<int64_t>& 
   cost.keeps_gathered_kv = keeps_gathered_kv;
   cost.linear_f = k.LinearForward(tokens / c);
   for (int64_t len : docs) {
-    const RankCosts::AttentionSeconds a = k.AttentionCp(len, c);
+    auto [it, added] = memo->try_emplace(len);
+    if (added) it->second = k.AttentionCp(len, c);
+    const RankCosts::AttentionSeconds& a = it->second;
     cost.attention_f += a.forward;
     cost.attention_b += a.backward;
   }
@@ -35,12 +45,20 @@ CpStageCost CostCpMicroBatch(const SimContext& ctx, const std::vector<int64_t>& 
   return cost;
 }
 
+}  // namespace
+
+CpStageCost CostCpMicroBatch(const SimContext& ctx, const std::vector<int64_t>& docs, int c, bool keeps_gathered_kv) {
+  std::unordered_map<int64_t, RankCosts::AttentionSeconds> memo;
+  return CostOne(ctx, docs, c, keeps_gathered_kv, &memo);
+}
+
 std::vector<CpStageCost> CostCpMicroBatches(const SimContext& ctx,
                                             const std::vector<std::vector<int64_t>>& micro_batches, int c,
                                             bool keeps_gathered_kv) {
   std::vector<CpStageCost> costs;
   costs.reserve(micro_batches.size());
-  for (const std::vector<int64_t>& mb : micro_batches) costs.push_back(CostCpMicroBatch(ctx, mb, c, keeps_gathered_kv));
+  std::unordered_map<int64_t, RankCosts::AttentionSeconds> memo;
+  for (const std::vector<int64_t>& mb : micro_batches) costs.push_back(CostOne(ctx, mb, c, keeps_gathered_kv, &memo));
   return costs;
 }
 
