@@ -34,9 +34,14 @@ ScopedFd::~ScopedFd() {
 int ScopedFd::release() { return std::exchange(fd_, -1); }
 
 Status OpenForReading(const std::string& path, ScopedFd* fd) {
-  const int raw = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (raw < 0) return Errno("cannot open", path);
-  *fd = ScopedFd(raw);
+  // O_NONBLOCK makes opening a FIFO return at once (it has no effect on
+  // reads of a regular file).
+  ScopedFd opened(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+  if (opened.get() < 0) return Errno("cannot open", path);
+  struct stat st {};
+  if (::fstat(opened.get(), &st) != 0) return Errno("cannot stat", path);
+  if (!S_ISREG(st.st_mode)) return Status::InvalidArgument(fmt::format("'{}' is not a regular file", path));
+  *fd = std::move(opened);
   return Status::Ok();
 }
 
@@ -83,7 +88,6 @@ Status MappedFile::Open(const std::string& path, MappedFile* out) {
   DISTCA_RETURN_IF_ERROR(OpenForReading(path, &fd));
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) return Errno("cannot stat", path);
-  if (!S_ISREG(st.st_mode)) return Status::InvalidArgument(fmt::format("'{}' is not a regular file", path));
   MappedFile mapped;
   if (st.st_size > 0) {
     void* p = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_SHARED, fd.get(), 0);

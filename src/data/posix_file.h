@@ -29,6 +29,9 @@ class ScopedFd {
   int fd_ = -1;
 };
 
+// Opens a regular file read-only; anything else (a FIFO, a device, a
+// directory) is refused without blocking: a FIFO with no writer would block
+// a plain open forever.
 Status OpenForReading(const std::string& path, ScopedFd* fd);
 
 // Reads exactly `size` bytes at `offset`; a short read (the file shrank) is an IoError.

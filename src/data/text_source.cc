@@ -87,9 +87,11 @@ Status OpenTextDirectory(const std::string& dir, const std::string& glob, std::u
     const fs::directory_entry& entry = *it;
     const std::string path = entry.path().string();
     // status() follows symlinks: a link to a regular file counts as that file;
-    // a dangling link is skipped; directory links are never descended into.
+    // a dangling link, or one in a loop of links, is skipped; directory links
+    // are never descended into.
     const fs::file_status file = entry.status(ec);
-    if (ec && file.type() != fs::file_type::not_found) return WalkError("cannot stat", path, ec);
+    if (ec && file.type() != fs::file_type::not_found && ec != std::errc::too_many_symbolic_link_levels)
+      return WalkError("cannot stat", path, ec);
     if (fs::is_regular_file(file)) {
       std::string relative = entry.path().lexically_relative(dir).generic_string();
       // FNM_PATHNAME is off: '*' also matches '/', so "*.h" matches "a/b/c.h".

@@ -1,6 +1,7 @@
 // Megatron indexed datasets: write/read round trips, hand-built indexes with
 // several sequences per document, and corrupted files.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cstring>
 #include <filesystem>
@@ -196,7 +197,15 @@ TEST(IndexedDatasetTest, RejectsCorruptedFilesWithReasons) {
     EXPECT_TRUE(Contains(s, dir / "d.idx")) << s.ToString();
   }
   EXPECT_TRUE(Contains(OpenIndexedDataset(dir / "missing", 6, &source), dir / "missing.idx"));
+  // A FIFO in place of either file is refused at once (a plain open of a
+  // FIFO with no writer blocks forever).
+  ASSERT_TRUE(WriteTextFile(dir / "d.idx", good.Bytes()).ok());
+  ASSERT_EQ(::mkfifo((dir / "f.idx").c_str(), 0600), 0);
+  ASSERT_TRUE(WriteTextFile(dir / "f.bin", bin).ok());
+  EXPECT_TRUE(Contains(OpenIndexedDataset(dir / "f", 6, &source), dir / "f.idx' is not a regular file"));
   std::filesystem::remove(dir / "d.bin");
+  ASSERT_EQ(::mkfifo((dir / "d.bin").c_str(), 0600), 0);
+  EXPECT_TRUE(Contains(OpenIndexedDataset(dir / "d", 6, &source), dir / "d.bin' is not a regular file"));
   ASSERT_TRUE(WriteTextFile(dir / "d.idx", good.Bytes()).ok());
   EXPECT_TRUE(Contains(OpenIndexedDataset(dir / "d", 6, &source), dir / "d.bin"));
 }

@@ -1,6 +1,8 @@
 // text:DIR sources: which files are documents, in what order, and their bytes.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <filesystem>
 
 #include "data/data_testing.h"
@@ -66,14 +68,19 @@ TEST(TextSourceTest, GlobMatchesRelativePathsAcrossDirectories) {
   EXPECT_NE(source->Describe().find("1 files"), std::string::npos) << source->Describe();
 }
 
-TEST(TextSourceTest, SkipsDirectorySymlinksAndDanglingLinks) {
+TEST(TextSourceTest, SkipsDirectorySymlinksDanglingOrLoopingLinksAndFifos) {
   ScratchDir dir;
   dir.Write("real/a.txt", "a");
   std::filesystem::create_directory_symlink(dir.path() / "real", dir.path() / "loop");
   std::filesystem::create_symlink(dir.path() / "missing", dir.path() / "dangling");
   std::filesystem::create_symlink(dir.path() / "real/a.txt", dir.path() / "link.txt");
+  // Two links that point at each other, and a FIFO: skipped too.
+  std::filesystem::create_symlink(dir.path() / "ping", dir.path() / "pong");
+  std::filesystem::create_symlink(dir.path() / "pong", dir.path() / "ping");
+  ASSERT_EQ(::mkfifo((dir.path() / "fifo").c_str(), 0600), 0);
   std::unique_ptr<DocumentSource> source;
-  ASSERT_TRUE(OpenTextDirectory(dir.path().string(), "", &source).ok());
+  const Status opened = OpenTextDirectory(dir.path().string(), "", &source);
+  ASSERT_TRUE(opened.ok()) << opened.ToString();
   ASSERT_EQ(source->num_documents(), 2);  // link.txt (a link to a file) and real/a.txt; not loop/a.txt
   EXPECT_EQ(ReadAll(*source, 0), Bytes("a"));
   EXPECT_EQ(ReadAll(*source, 1), Bytes("a"));
