@@ -64,9 +64,14 @@ struct DataOptions {
   std::string spec;       // "text:DIR", "indexed:PREFIX" or "synthetic:FILE"
   std::string glob;       // text only. Default: "" (every file)
   std::string docs_file;  // when set, replaces spec: a batches file
-  // When non-empty, replaces spec and docs_file: the batches' lengths given
-  // in memory, used exactly as a docs file's (benchmarks and tests).
+  // When non-empty, replaces spec and the reading of docs_file: the batches'
+  // lengths given in memory, used exactly as a docs file's (benchmarks and
+  // tests; tools that read docs_file once, which then only names them).
   std::vector<std::vector<int64_t>> batches;
+  // synthetic:FILE only: when non-empty, FILE's lengths, read already (FILE
+  // then only names them), so that ranks and runs of one process read a
+  // file once (a pipe can be read once only).
+  std::vector<int64_t> lengths;
   int64_t tokens_per_batch = 0;  // global tokens per step; required unless docs_file or batches set it
   WorkloadRecipe recipe;         // synthetic only (tokens_per_batch and seed are filled in)
   int64_t max_doc_len = 0;       // corpus documents are cut into chunks of at most this. 0 = no cap

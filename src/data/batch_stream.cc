@@ -26,7 +26,7 @@ Status OpenDocsFile(const DataOptions& o, std::unique_ptr<BatchStream>* out) {
   if (o.tokens_per_batch < 0)
     return Status::InvalidArgument(fmt::format("tokens per batch must be >= 0, got {}", o.tokens_per_batch));
   std::vector<std::vector<int64_t>> batches = o.batches;
-  const std::string source = batches.empty() ? o.docs_file : "in-memory batches";
+  const std::string source = !o.docs_file.empty() ? o.docs_file : "in-memory batches";
   if (batches.empty()) DISTCA_RETURN_IF_ERROR(ReadBatchesFile(o.docs_file, &batches));
   for (size_t b = 0; b < batches.size(); ++b) {
     if (batches[b].empty()) return Status::InvalidArgument(fmt::format("{}: batches[{}] is empty", source, b));
@@ -53,8 +53,8 @@ Status OpenDocsFile(const DataOptions& o, std::unique_ptr<BatchStream>* out) {
 }
 
 Status OpenSampled(const std::string& file, const DataOptions& o, std::unique_ptr<BatchStream>* out) {
-  std::vector<int64_t> pool;
-  DISTCA_RETURN_IF_ERROR(ReadLengthsFile(file, &pool));
+  std::vector<int64_t> pool = o.lengths;
+  if (pool.empty()) DISTCA_RETURN_IF_ERROR(ReadLengthsFile(file, &pool));
   WorkloadRecipe recipe = o.recipe;
   recipe.tokens_per_batch = o.tokens_per_batch;
   recipe.seed = o.seed;
