@@ -58,4 +58,12 @@ struct WorkloadRecipe {
 Status SampleBatches(const std::vector<int64_t>& pool, const WorkloadRecipe& recipe, int count,
                      std::vector<std::vector<int64_t>>* batches);
 
+// The documents SampleBatches packs: `pool` upsampled, filtered (the draws
+// seeded by recipe.seed, as SampleBatches's), elongated and capped, in pool
+// order; recipe.tokens_per_batch is not used. InvalidArgument when the
+// filter leaves none. A stream that samples every step from these (with the
+// default recipe: packing only) filters once, as the recipe means, and can
+// fail only here, not at a later step.
+Status RecipeDocuments(const std::vector<int64_t>& pool, const WorkloadRecipe& recipe, std::vector<int64_t>* docs);
+
 }  // namespace distca

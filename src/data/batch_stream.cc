@@ -60,9 +60,12 @@ Status OpenSampled(const std::string& file, const DataOptions& o, std::unique_pt
   recipe.seed = o.seed;
   if (o.max_doc_len > 0)
     recipe.max_doc_len = recipe.max_doc_len > 0 ? std::min(recipe.max_doc_len, o.max_doc_len) : o.max_doc_len;
-  std::vector<std::vector<int64_t>> probe;  // surfaces a bad recipe now rather than at the first step
-  DISTCA_RETURN_IF_ERROR(SampleBatches(pool, recipe, 1, &probe).WithContext(file));
-  *out = data::NewSampledStream(file, std::move(pool), recipe, o);
+  // The recipe's documents, once: its filter cannot empty a later step.
+  std::vector<int64_t> docs;
+  DISTCA_RETURN_IF_ERROR(RecipeDocuments(pool, recipe, &docs).WithContext(file));
+  std::vector<std::vector<int64_t>> probe;  // surfaces a bad batch size now rather than at the first step
+  DISTCA_RETURN_IF_ERROR(SampleBatches(docs, data::PackingOnly(recipe, recipe.seed), 1, &probe).WithContext(file));
+  *out = data::NewSampledStream(file, pool.size(), std::move(docs), recipe, o);
   return Status::Ok();
 }
 

@@ -31,11 +31,21 @@ void AppendSyntheticTokens(uint64_t seed, int64_t step, int64_t doc, int64_t len
 // REQUIRES: options validated by BatchStream::Open; the source holds a token.
 std::unique_ptr<BatchStream> NewCorpusStream(std::unique_ptr<DocumentSource> source, const DataOptions& options);
 
-// Synthetic batches: step i samples its lengths from `pool` with `recipe`
-// (seed = options.seed + i, tokens_per_batch = options.tokens_per_batch).
-// REQUIRES: SampleBatches accepts pool and recipe.
-std::unique_ptr<BatchStream> NewSampledStream(std::string file, std::vector<int64_t> pool, const WorkloadRecipe& recipe,
-                                              const DataOptions& options);
+// The recipe that only packs (no upsampling, filter or elongation): what a
+// sampled stream applies to the recipe's documents at every step.
+inline WorkloadRecipe PackingOnly(const WorkloadRecipe& recipe, uint64_t seed) {
+  WorkloadRecipe packing;
+  packing.tokens_per_batch = recipe.tokens_per_batch;
+  packing.seed = seed;
+  return packing;
+}
+
+// Synthetic batches: step i packs its lengths from `docs`, the recipe's
+// documents (RecipeDocuments of the file's `pool_size` lengths), with
+// PackingOnly(recipe, recipe.seed + i).
+// REQUIRES: SampleBatches accepts docs and that recipe.
+std::unique_ptr<BatchStream> NewSampledStream(std::string file, size_t pool_size, std::vector<int64_t> docs,
+                                              const WorkloadRecipe& recipe, const DataOptions& options);
 
 // Synthetic batches whose lengths are batches[step mod batches.size()].
 // REQUIRES: batches non-empty, every length positive.

@@ -16,11 +16,11 @@ int64_t Total(const std::vector<int64_t>& lengths) {
 
 class SyntheticStream final : public BatchStream {
  public:
-  // Exactly one of `pool` (sampled) and `batches` (fixed) is non-empty.
-  SyntheticStream(std::string description, std::vector<int64_t> pool, const WorkloadRecipe& recipe,
+  // Exactly one of `docs` (sampled) and `batches` (fixed) is non-empty.
+  SyntheticStream(std::string description, std::vector<int64_t> docs, const WorkloadRecipe& recipe,
                   std::vector<std::vector<int64_t>> batches, const DataOptions& options)
       : description_(std::move(description)),
-        pool_(std::move(pool)),
+        docs_(std::move(docs)),
         recipe_(recipe),
         batches_(std::move(batches)),
         seed_(options.seed),
@@ -72,17 +72,17 @@ class SyntheticStream final : public BatchStream {
       *lengths = batches_[static_cast<size_t>(step % static_cast<int64_t>(batches_.size()))];
       return Status::Ok();
     }
-    WorkloadRecipe r = recipe_;
-    r.seed = recipe_.seed + static_cast<uint64_t>(step);
     std::vector<std::vector<int64_t>> sampled;
-    DISTCA_RETURN_IF_ERROR(SampleBatches(pool_, r, 1, &sampled).WithContext(fmt::format("batch {}", step)));
+    DISTCA_RETURN_IF_ERROR(
+        SampleBatches(docs_, PackingOnly(recipe_, recipe_.seed + static_cast<uint64_t>(step)), 1, &sampled)
+            .WithContext(fmt::format("batch {}", step)));
     *lengths = std::move(sampled[0]);
     return Status::Ok();
   }
 
   std::string description_;
-  std::vector<int64_t> pool_;
-  WorkloadRecipe recipe_;  // seed = options.seed; step i samples with seed + i
+  std::vector<int64_t> docs_;  // the recipe's documents
+  WorkloadRecipe recipe_;      // seed = options.seed; step i packs with seed + i
   std::vector<std::vector<int64_t>> batches_;
   uint64_t seed_;
   int vocab_size_;
@@ -103,16 +103,16 @@ void AppendSyntheticTokens(uint64_t seed, int64_t step, int64_t doc, int64_t len
   }
 }
 
-std::unique_ptr<BatchStream> NewSampledStream(std::string file, std::vector<int64_t> pool, const WorkloadRecipe& recipe,
-                                              const DataOptions& options) {
+std::unique_ptr<BatchStream> NewSampledStream(std::string file, size_t pool_size, std::vector<int64_t> docs,
+                                              const WorkloadRecipe& recipe, const DataOptions& options) {
   std::string description = fmt::format(
       "synthetic:{} ({} lengths; {} tokens per batch, upsample {} from {}, filter ratio {}, elongate {}, max doc len "
       "{}; "
       "vocab {}, seed {})",
-      file, pool.size(), recipe.tokens_per_batch, recipe.upsample, recipe.upsample_threshold, recipe.filter_ratio,
+      file, pool_size, recipe.tokens_per_batch, recipe.upsample, recipe.upsample_threshold, recipe.filter_ratio,
       recipe.elongate, recipe.max_doc_len > 0 ? fmt::format("{}", recipe.max_doc_len) : "none", options.vocab_size,
       options.seed);
-  return std::make_unique<SyntheticStream>(std::move(description), std::move(pool), recipe,
+  return std::make_unique<SyntheticStream>(std::move(description), std::move(docs), recipe,
                                            std::vector<std::vector<int64_t>>{}, options);
 }
 

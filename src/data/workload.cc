@@ -56,20 +56,17 @@ Status ParseBatchesJson(std::string_view text, std::vector<std::vector<int64_t>>
   return Status::Ok();
 }
 
-Status SampleBatches(const std::vector<int64_t>& pool, const WorkloadRecipe& r, int count,
-                     std::vector<std::vector<int64_t>>* batches) {
-  if (r.tokens_per_batch <= 0 || r.tokens_per_batch > kMaxTokensPerBatch)
-    return Status::OutOfRange(
-        fmt::format("tokens per batch must be in [1, {}], got {}", kMaxTokensPerBatch, r.tokens_per_batch));
+namespace {
+
+// The recipe's checks, and its documents: the filter draws from `rng`.
+Status TransformPool(const std::vector<int64_t>& pool, const WorkloadRecipe& r, std::mt19937_64* rng,
+                     std::vector<int64_t>* docs) {
   if (r.upsample < 1) return Status::InvalidArgument(fmt::format("upsample must be >= 1, got {}", r.upsample));
   if (!(r.filter_ratio > 0 && r.filter_ratio <= 1))
     return Status::InvalidArgument(fmt::format("filter ratio must be in (0, 1], got {}", r.filter_ratio));
   if (!(r.elongate > 0) || !std::isfinite(r.elongate))
     return Status::InvalidArgument(fmt::format("elongate must be a positive number, got {}", r.elongate));
   if (r.max_doc_len < 0) return Status::InvalidArgument("max doc length must be >= 0");
-  if (count < 0) return Status::InvalidArgument("batch count must be >= 0");
-  if (count > kMaxSampledBatches)
-    return Status::OutOfRange(fmt::format("{} batches is above the limit of {}", count, kMaxSampledBatches));
   if (pool.empty()) return Status::InvalidArgument("the length pool is empty");
   const int64_t long_docs =
       std::count_if(pool.begin(), pool.end(), [&](int64_t l) { return l >= r.upsample_threshold; });
@@ -77,18 +74,37 @@ Status SampleBatches(const std::vector<int64_t>& pool, const WorkloadRecipe& r, 
     return Status::OutOfRange(
         fmt::format("upsampling {} long documents x {} makes a pool above the limit of {} documents", long_docs,
                     r.upsample, kMaxSampledDocuments));
-
-  std::mt19937_64 rng(r.seed);
   std::bernoulli_distribution keep(r.filter_ratio);
-  std::vector<int64_t> docs;
+  docs->clear();
   for (int64_t len : pool) {
     if (len <= 0) return Status::InvalidArgument(fmt::format("pool holds a non-positive length {}", len));
-    const int copies = len >= r.upsample_threshold ? r.upsample : (keep(rng) ? 1 : 0);
+    const int copies = len >= r.upsample_threshold ? r.upsample : (keep(*rng) ? 1 : 0);
     int64_t scaled = std::max<int64_t>(1, std::llround(std::min(double(len) * r.elongate, double(kMaxDocumentLength))));
     if (r.max_doc_len > 0) scaled = std::min(scaled, r.max_doc_len);
-    for (int c = 0; c < copies; ++c) docs.push_back(scaled);
+    for (int c = 0; c < copies; ++c) docs->push_back(scaled);
   }
-  if (docs.empty()) return Status::InvalidArgument("the recipe's filter left no documents");
+  if (docs->empty()) return Status::InvalidArgument("the recipe's filter left no documents");
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status RecipeDocuments(const std::vector<int64_t>& pool, const WorkloadRecipe& recipe, std::vector<int64_t>* docs) {
+  std::mt19937_64 rng(recipe.seed);
+  return TransformPool(pool, recipe, &rng, docs);
+}
+
+Status SampleBatches(const std::vector<int64_t>& pool, const WorkloadRecipe& r, int count,
+                     std::vector<std::vector<int64_t>>* batches) {
+  if (r.tokens_per_batch <= 0 || r.tokens_per_batch > kMaxTokensPerBatch)
+    return Status::OutOfRange(
+        fmt::format("tokens per batch must be in [1, {}], got {}", kMaxTokensPerBatch, r.tokens_per_batch));
+  if (count < 0) return Status::InvalidArgument("batch count must be >= 0");
+  if (count > kMaxSampledBatches)
+    return Status::OutOfRange(fmt::format("{} batches is above the limit of {}", count, kMaxSampledBatches));
+  std::mt19937_64 rng(r.seed);
+  std::vector<int64_t> docs;
+  DISTCA_RETURN_IF_ERROR(TransformPool(pool, r, &rng, &docs));
   // The batches hold about count x tokens / (mean length) documents: refuse
   // a sample far past the limit before allocating it (the loop below
   // enforces the limit exactly).

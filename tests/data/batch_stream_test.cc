@@ -229,14 +229,19 @@ TEST(BatchStreamTest, SyntheticBatchesFollowTheLengthsRecipe) {
   o.recipe.elongate = 1.5;
   std::unique_ptr<BatchStream> stream = OpenOrDie(o);
   const std::vector<Batch> batches = Take(stream.get(), 8);
-  std::vector<int64_t> pool{100, 200, 300, 5000, 70000};
+  // The recipe's documents once (seed 7), then step i packs them with seed 7 + i.
+  WorkloadRecipe r = o.recipe;
+  r.seed = 7;
+  r.max_doc_len = 3000;
+  std::vector<int64_t> docs;
+  ASSERT_TRUE(RecipeDocuments({100, 200, 300, 5000, 70000}, r, &docs).ok());
+  EXPECT_EQ(docs, (std::vector<int64_t>{150, 300, 450, 3000, 3000, 3000}));
   for (size_t i = 0; i < batches.size(); ++i) {
-    WorkloadRecipe r = o.recipe;
-    r.tokens_per_batch = 4096;
-    r.seed = 7 + i;
-    r.max_doc_len = 3000;
+    WorkloadRecipe packing;
+    packing.tokens_per_batch = 4096;
+    packing.seed = 7 + i;
     std::vector<std::vector<int64_t>> want;
-    ASSERT_TRUE(SampleBatches(pool, r, 1, &want).ok());
+    ASSERT_TRUE(SampleBatches(docs, packing, 1, &want).ok());
     EXPECT_EQ(batches[i].lengths(), want[0]);
     EXPECT_EQ(batches[i].tokens(), 4096);
     for (size_t d = 0; d < batches[i].docs.size(); ++d) {
@@ -250,6 +255,34 @@ TEST(BatchStreamTest, SyntheticBatchesFollowTheLengthsRecipe) {
   ASSERT_TRUE(again->Seek({.step = 5}).ok());
   EXPECT_TRUE(SameBatches(Take(again.get(), 3), std::vector<Batch>(batches.begin() + 5, batches.end())));
   EXPECT_TRUE(Contains(again->Seek({.step = 1, .epoch = 1}), "synthetic data position"));
+}
+
+// The filter runs once, when the stream opens: a pool it can empty fails
+// there or never (it used to run at every step, so a run could fail at a
+// random later step).
+TEST(BatchStreamTest, SyntheticFilterRunsOnceAtOpen) {
+  ScratchDir dir;
+  ASSERT_TRUE(WriteTextFile(dir / "one.json", "[100]").ok());
+  int opened = 0, refused = 0;
+  for (uint64_t seed = 0; seed < 16; ++seed) {
+    DataOptions o;
+    o.spec = "synthetic:" + (dir / "one.json");
+    o.tokens_per_batch = 128;
+    o.seed = seed;
+    o.recipe.filter_ratio = 0.5;
+    std::unique_ptr<BatchStream> stream;
+    const Status s = BatchStream::Open(o, &stream);
+    if (!s.ok()) {
+      EXPECT_TRUE(Contains(s, "the recipe's filter left no documents")) << s.ToString();
+      ++refused;
+      continue;
+    }
+    ++opened;
+    Batch b;
+    for (int step = 0; step < 50; ++step) ASSERT_TRUE(stream->Next(&b).ok()) << "seed " << seed << " step " << step;
+  }
+  EXPECT_GT(opened, 0);
+  EXPECT_GT(refused, 0);
 }
 
 TEST(BatchStreamTest, DocsFileBatchesUseTheirLengthsExactly) {
