@@ -7,11 +7,13 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "common/cli_checks.h"
+#include "common/memory_info.h"
 #include "distca/dataset.h"
 
 namespace {
@@ -48,6 +50,25 @@ int Run(int argc, char** argv) {
   std::unique_ptr<distca::DocumentSource> source;
   distca::Status s = distca::OpenTextDirectory(input, glob, &source);
   if (!s.ok()) return Fail(s.message());
+  // The documents are held in memory as 4-byte ids before they are written:
+  // check the sizes first, so that a file too large for a sequence, or a
+  // corpus too large for this machine, is named instead of failing to
+  // allocate.
+  int64_t total = 0;
+  for (int64_t d = 0; d < source->num_documents(); ++d) {
+    const int64_t length = source->DocumentLength(d);
+    if (length > std::numeric_limits<int32_t>::max())
+      return Fail(fmt::format("document {} of {} holds {} tokens; an indexed sequence holds at most 2^31 - 1", d,
+                              source->Describe(), length));
+    total += length;
+  }
+  // Ids in memory, and the .bin (2 bytes a token) the writer builds.
+  const double need = 6.0 * double(total), ram = distca::PhysicalMemoryBytes();
+  if (ram > 0 && need > ram)
+    return Fail(
+        fmt::format("{} holds {} tokens, which need about {:.1f} GB in memory to convert; this machine has "
+                    "{:.1f} GB (split the directory with --glob)",
+                    source->Describe(), total, need * 1e-9, ram * 1e-9));
   std::vector<std::vector<int32_t>> docs(static_cast<size_t>(source->num_documents()));
   int64_t tokens = 0;
   for (int64_t d = 0; d < source->num_documents(); ++d) {
