@@ -10,6 +10,7 @@
 #include <random>
 
 #include "common/file_util.h"
+#include "common/json_text.h"
 #include "distca/plan.h"
 
 namespace distca {
@@ -38,14 +39,14 @@ Status ParseLengthArray(const nlohmann::json& arr, const std::string& where, std
 }  // namespace
 
 Status ParseLengthsJson(std::string_view text, std::vector<int64_t>* lengths) {
-  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return Status::InvalidArgument("lengths file is not valid JSON");
+  nlohmann::json j;
+  DISTCA_RETURN_IF_ERROR(ParseJsonText(text, "lengths file", &j));
   return ParseLengthArray(j, "lengths", lengths);
 }
 
 Status ParseBatchesJson(std::string_view text, std::vector<std::vector<int64_t>>* batches) {
-  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return Status::InvalidArgument("docs file is not valid JSON");
+  nlohmann::json j;
+  DISTCA_RETURN_IF_ERROR(ParseJsonText(text, "docs file", &j));
   if (!j.is_object() || !j.contains("batches"))
     return Status::InvalidArgument("docs file must be an object with a \"batches\" array");
   const nlohmann::json& b = j["batches"];

@@ -4,6 +4,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "common/json_text.h"
 #include "distca/plan.h"
 #include "plan/planner_internal.h"
 
@@ -68,8 +69,8 @@ Status ReadArray(const nlohmann::json& obj, const char* key, const std::string& 
 
 Status PlanFromJson(std::string_view text, Plan* plan) {
   if (plan == nullptr) return Status::InvalidArgument("plan is null");
-  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return Status::InvalidArgument("plan file is not valid JSON");
+  nlohmann::json j;
+  DISTCA_RETURN_IF_ERROR(ParseJsonText(text, "plan file", &j));
   if (!j.is_object()) return Status::InvalidArgument("plan file must hold a JSON object");
   Plan p;
   DISTCA_RETURN_IF_ERROR(ReadInt(j, "ranks", "plan", &p.ranks, 1, 1 << 24));

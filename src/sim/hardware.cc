@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "common/file_util.h"
+#include "common/json_text.h"
 #include "distca/plan.h"
 #include "distca/sim.h"
 #include "sim/costs.h"
@@ -150,8 +151,8 @@ double HardwareProfile::AttentionEfficiency(double q_len) const {
 
 Status ParseHardwareProfile(std::string_view text, HardwareProfile* profile) {
   if (profile == nullptr) return Status::InvalidArgument("profile is null");
-  const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return Status::InvalidArgument("hardware profile is not valid JSON");
+  json j;
+  DISTCA_RETURN_IF_ERROR(ParseJsonText(text, "hardware profile", &j));
   if (!j.is_object()) return Status::InvalidArgument("hardware profile must be a JSON object");
   const std::string where = "hardware profile";
   DISTCA_RETURN_IF_ERROR(

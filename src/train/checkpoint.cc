@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/file_util.h"
+#include "common/json_text.h"
 #include "distca/train.h"
 
 namespace distca {
@@ -134,11 +135,7 @@ Status ReadSafetensors(const std::string& path, SafetensorsFile* file) {
     return Status::InvalidArgument(
         fmt::format("{}: header size {} does not fit the file ({} bytes)", path, head_size, bytes.size()));
   json header;
-  try {
-    header = json::parse(bytes.substr(8, head_size));
-  } catch (const json::exception& e) {
-    return Status::InvalidArgument(fmt::format("{}: header is not valid JSON: {}", path, e.what()));
-  }
+  DISTCA_RETURN_IF_ERROR(ParseJsonText(std::string_view(bytes).substr(8, head_size), path + ": header", &header));
   if (!header.is_object()) return Status::InvalidArgument(path + ": header is not a JSON object");
   const uint64_t data_size = bytes.size() - 8 - head_size;
   const char* data = bytes.data() + 8 + head_size;
@@ -301,8 +298,8 @@ Status LoadCheckpoint(const std::string& dir, Transformer* model, AdamW* optimiz
   json j;
   TrainState st;
   int64_t optimizer_step = 0;
+  DISTCA_RETURN_IF_ERROR(ParseJsonText(text, where + "/state.json", &j));
   try {
-    j = json::parse(text);
     if (!j.is_object() || j.value("format", "") != kFormat)
       return Status::InvalidArgument(fmt::format("{}/state.json: format is not '{}'", where, kFormat));
     if (j.at("model") != ConfigJson(model->config()))

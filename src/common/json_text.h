@@ -1,0 +1,23 @@
+// Strict parsing of JSON input files.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+
+#include "distca/status.h"
+
+namespace distca {
+
+// Objects and arrays nest at most this deep in an input file (the project's
+// formats nest 4 levels; deeper text is refused before it is built).
+inline constexpr int kMaxJsonDepth = 64;
+
+// Parses `text` as one JSON value, strictly: the whole text (a NUL byte is
+// refused, where nlohmann's parser would stop and accept what came before),
+// no object key twice (the parser would keep the last), at most
+// kMaxJsonDepth levels. InvalidArgument "WHAT is not valid JSON: WHY", WHY
+// naming the line and column of a syntax error.
+Status ParseJsonText(std::string_view text, const std::string& what, nlohmann::json* out);
+
+}  // namespace distca

@@ -1,0 +1,46 @@
+// ParseJsonText: strict parsing of input files, with errors that say why.
+#include "common/json_text.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace distca {
+namespace {
+
+std::string Why(std::string_view text) {
+  nlohmann::json j;
+  const Status s = ParseJsonText(text, "the file", &j);
+  return s.ok() ? "ok" : s.message();
+}
+
+TEST(JsonTextTest, ParsesValidTextWhole) {
+  nlohmann::json j;
+  ASSERT_TRUE(ParseJsonText(R"({"batches": [[1, 2], [3]], "x": {"a": 1, "b": {"a": 2}}})", "f", &j).ok());
+  EXPECT_EQ(j["batches"][1][0], 3);
+  EXPECT_EQ(j["x"]["b"]["a"], 2);  // the same key in different objects is fine
+}
+
+TEST(JsonTextTest, RefusesWhatTheDefaultParserAccepts) {
+  // nlohmann stops at a NUL byte and keeps the last of duplicate keys.
+  EXPECT_EQ(Why(std::string("[100]\0garbage", 13)), "the file is not valid JSON: a NUL byte at offset 5");
+  EXPECT_EQ(Why(R"({"batches": [[9]], "batches": [[1, 1]]})"),
+            "the file is not valid JSON: key \"batches\" appears twice in one object");
+  EXPECT_EQ(Why(R"([{"a": {"k": 1, "k": 2}}])"), "the file is not valid JSON: key \"k\" appears twice in one object");
+  std::string deep(kMaxJsonDepth, '[');
+  deep += std::string(kMaxJsonDepth, ']');
+  EXPECT_EQ(Why(deep), "ok");
+  EXPECT_EQ(Why("[" + deep + "]"), "the file is not valid JSON: nested more than 64 levels deep");
+}
+
+TEST(JsonTextTest, SyntaxErrorsSayWhereAndWhy) {
+  EXPECT_NE(Why("[1,\n 2,]").find("the file is not valid JSON: parse error at line 2, column 4"), std::string::npos)
+      << Why("[1,\n 2,]");
+  EXPECT_NE(Why("[1e400]").find("number overflow"), std::string::npos) << Why("[1e400]");
+  EXPECT_NE(Why("[NaN]").find("invalid literal"), std::string::npos) << Why("[NaN]");
+  EXPECT_NE(Why("").find("unexpected end of input"), std::string::npos) << Why("");
+  EXPECT_NE(Why("[1] 2").find("expected end of input"), std::string::npos) << Why("[1] 2");
+}
+
+}  // namespace
+}  // namespace distca
