@@ -55,7 +55,12 @@ Status LoadBatches(const Args& a, std::vector<std::vector<int64_t>>* batches) {
 
 Status CheckTokenBudget(const Args& a, const std::vector<int64_t>& batch, size_t index) {
   int64_t total = 0;
-  for (int64_t len : batch) total += len;
+  for (int64_t len : batch) {
+    if (len > distca::kMaxTokensPerBatch - total)
+      return Status::OutOfRange(
+          fmt::format("batch {} holds more than the limit of {} tokens per batch", index, distca::kMaxTokensPerBatch));
+    total += len;
+  }
   const int64_t per_rank = total / a.plan.ranks;
   if (a.tokens_per_rank && !a.docs_file.empty() && total != *a.tokens_per_rank * a.plan.ranks)
     return Status::InvalidArgument(fmt::format("batch {} holds {} tokens, not --tokens-per-rank {} x {} ranks", index,
@@ -149,6 +154,10 @@ int Run(int argc, char** argv) {
     return Fail(fmt::format("--emit-plan writes one plan but there are {} batches; {}", batches.size(),
                             a.docs_file.empty() ? "sample one (--batches 1)" : "pick one with --batch"));
 
+  // Every batch is checked before any is planned: a bad one fails the run
+  // before a partial table is printed.
+  for (size_t b = 0; b < batches.size(); ++b)
+    if (s = CheckTokenBudget(a, batches[b], b); !s.ok()) return Fail(s.message());
   if (!a.json) {
     fmt::print("policy {}, {} ranks + {} dedicated servers, eps {}, block {}, cost in {}\n",
                distca::PlanPolicyName(a.plan.policy), a.plan.ranks, a.plan.dedicated_servers, a.plan.tolerance,
@@ -157,8 +166,6 @@ int Run(int argc, char** argv) {
                "max/mean", "min/mean", "bytes total", "max rank", "tasks", "plan ms", "eps", "bound");
   }
   for (size_t b = 0; b < batches.size(); ++b) {
-    s = CheckTokenBudget(a, batches[b], b);
-    if (!s.ok()) return Fail(s.message());
     distca::Plan plan;
     distca::WallTimer timer;
     s = distca::BuildPlan(batches[b], a.plan, cost, &plan);

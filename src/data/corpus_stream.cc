@@ -58,7 +58,8 @@ class CorpusStream final : public BatchStream {
 
   Status Seek(const DataPosition& p) override {
     const int64_t n = source_->num_documents();
-    if (p.step < 0 || p.epoch < 0 || p.cursor < 0 || p.cursor > n || p.offset < 0)
+    if (p.step < 0 || p.step > kMaxPositionCount || p.epoch < 0 || p.epoch > kMaxPositionCount || p.cursor < 0 ||
+        p.cursor > n || p.offset < 0)
       return Status::InvalidArgument(
           fmt::format("data position (step {}, epoch {}, cursor {}, offset {}) out of range for {} documents", p.step,
                       p.epoch, p.cursor, p.offset, n));

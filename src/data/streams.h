@@ -31,6 +31,10 @@ void AppendSyntheticTokens(uint64_t seed, int64_t step, int64_t doc, int64_t len
 // REQUIRES: options validated by BatchStream::Open; the source holds a token.
 std::unique_ptr<BatchStream> NewCorpusStream(std::unique_ptr<DocumentSource> source, const DataOptions& options);
 
+// The largest step or epoch a position may name: counting on from it stays
+// far from overflow.
+inline constexpr int64_t kMaxPositionCount = int64_t{1} << 62;
+
 // The recipe that only packs (no upsampling, filter or elongation): what a
 // sampled stream applies to the recipe's documents at every step.
 inline WorkloadRecipe PackingOnly(const WorkloadRecipe& recipe, uint64_t seed) {

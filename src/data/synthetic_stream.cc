@@ -42,9 +42,10 @@ class SyntheticStream final : public BatchStream {
 
   // Batch i depends on i alone, so a position is just a step.
   Status Seek(const DataPosition& p) override {
-    if (p.step < 0 || p.epoch != 0 || p.cursor != 0 || p.offset != 0)
+    if (p.step < 0 || p.step > kMaxPositionCount || p.epoch != 0 || p.cursor != 0 || p.offset != 0)
       return Status::InvalidArgument(
-          fmt::format("synthetic data position must be (step >= 0, epoch 0, cursor 0, offset 0), got ({}, {}, {}, {})",
+          fmt::format("synthetic data position must be (step in [0, 2^62], epoch 0, cursor 0, offset 0), got ({}, {}, "
+                      "{}, {})",
                       p.step, p.epoch, p.cursor, p.offset));
     step_ = p.step;
     return Status::Ok();

@@ -41,7 +41,14 @@ Status ShapeFromBatches(const std::vector<std::vector<int64_t>>& batches, SimOpt
   int64_t total = -1;
   for (size_t b = 0; b < batches.size(); ++b) {
     int64_t t = 0;
-    for (int64_t len : batches[b]) t += len;
+    for (int64_t len : batches[b]) {
+      // Sums stay far from overflow: every length and the running total are
+      // at most the limit.
+      if (len > kMaxSimIterationTokens - t)
+        return Status::OutOfRange(fmt::format(
+            "batches[{}] holds more than the simulator's limit of {} tokens per iteration", b, kMaxSimIterationTokens));
+      t += len;
+    }
     if (total >= 0 && t != total)
       return Status::InvalidArgument(
           fmt::format("batches[{}] holds {} tokens, batches[0] {}: every batch must hold the same total", b, t, total));

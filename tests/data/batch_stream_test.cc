@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 
 #include "common/file_util.h"
@@ -145,6 +146,9 @@ TEST(BatchStreamTest, SeekRejectsPositionsOutsideTheCorpus) {
   std::unique_ptr<BatchStream> stream = OpenOrDie(o);
   EXPECT_TRUE(Contains(stream->Seek({.step = 0, .epoch = 0, .cursor = 3, .offset = 0}), "out of range"));
   EXPECT_TRUE(Contains(stream->Seek({.step = -1}), "out of range"));
+  // Counting on from the largest int64 would overflow.
+  EXPECT_TRUE(Contains(stream->Seek({.step = std::numeric_limits<int64_t>::max()}), "out of range"));
+  EXPECT_TRUE(Contains(stream->Seek({.step = 0, .epoch = std::numeric_limits<int64_t>::max()}), "out of range"));
   EXPECT_TRUE(Contains(stream->Seek({.step = 0, .epoch = 0, .cursor = 0, .offset = 4}), "beyond the"));
   // The end of an epoch is the start of the next.
   ASSERT_TRUE(stream->Seek({.step = 4, .epoch = 3, .cursor = 2, .offset = 0}).ok());
@@ -255,6 +259,7 @@ TEST(BatchStreamTest, SyntheticBatchesFollowTheLengthsRecipe) {
   ASSERT_TRUE(again->Seek({.step = 5}).ok());
   EXPECT_TRUE(SameBatches(Take(again.get(), 3), std::vector<Batch>(batches.begin() + 5, batches.end())));
   EXPECT_TRUE(Contains(again->Seek({.step = 1, .epoch = 1}), "synthetic data position"));
+  EXPECT_TRUE(Contains(again->Seek({.step = std::numeric_limits<int64_t>::max()}), "step in [0, 2^62]"));
 }
 
 // The filter runs once, when the stream opens: a pool it can empty fails
