@@ -170,9 +170,11 @@ Status CheckOptions(const Comm& comm, const TrainOptions& o) {
 // A run that cannot fit is refused before it allocates, rather than left to
 // the OOM killer. Per rank, at least: fp32 weights, gradients and AdamW's two
 // moments (16 bytes per parameter), and the activations the backward pass
-// needs, (4h + 2h_kv + 3 ffn) floats per token and layer (the norms' and
-// projections' inputs and outputs, the MLP's gate, up and SwiGLU) plus one
-// chunk of logits (ModelPass computes the LM head in chunks of at most
+// needs, (5h + 2 Hq D + 2 Hkv D + 2 ffn + Hq + 2) floats per token and layer (what
+// ModelPass keeps: the layer input, attention norm output, attention output
+// and mid-layer residual, the MLP norm output, gate and up, and both norms'
+// reciprocal RMS; what the executor keeps: Q, K, V, O and the LSE; the
+// SwiGLU output is recomputed) plus one chunk of logits (ModelPass computes the LM head in chunks of at most
 // kDefaultMaxLogitFloats floats, or one row), or, where a checkpoint is loaded before
 // the first step allocates them, the larger of those and what loading holds
 // (kLoadBytesPerParameter); times the ranks that share this machine
@@ -184,8 +186,9 @@ Status CheckMemory(const Comm& comm, const TrainOptions& o, int64_t tokens_per_r
   const ModelConfig& m = o.model;
   const int64_t params = ParameterCount(m);
   const double state = 16.0 * double(params);
-  const double per_token =
-      4.0 * double(m.num_layers) * (4.0 * m.hidden + 2.0 * m.kv_heads * m.head_dim() + 3.0 * m.ffn_hidden);
+  const double per_token = 4.0 * double(m.num_layers) *
+                           (5.0 * m.hidden + 2.0 * m.q_heads * m.head_dim() + 2.0 * m.kv_heads * m.head_dim() +
+                            2.0 * m.ffn_hidden + m.q_heads + 2.0);
   const double logits = 4.0 * std::min(double(m.vocab_size) * double(tokens_per_rank),
                                        std::max(double(m.vocab_size), double(ModelPass::kDefaultMaxLogitFloats)));
   const double saving = o.save_dir.empty() ? 0.0 : double(kSaveBytesPerParameter) * double(params);

@@ -414,8 +414,20 @@ TEST(ModelPassTest, RejectsCallsOutOfOrderAndBadTokens) {
   ModelPass pass(model.get(), 0);
   std::vector<float> buf(1024);
   EXPECT_EQ(pass.BeforeAttention(0, 0, buf.data(), buf.data(), buf.data()).code(), StatusCode::kFailedPrecondition);
-  TokenRows bad{.tokens = {1, 256}, .positions = {0, 1}, .targets = {256, -1}};
-  EXPECT_EQ(pass.Begin({bad}, 1.0).code(), StatusCode::kInvalidArgument);
+  // Each check on its own (valid everything else), by its message: a token
+  // past the vocabulary would read past the embedding table.
+  const auto refused = [&](const TokenRows& rows, double scale, const std::string& why) {
+    const Status st = pass.Begin({rows}, scale);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << why;
+    EXPECT_NE(st.message().find(why), std::string::npos) << st.ToString();
+  };
+  refused({.tokens = {1, 256}, .positions = {0, 1}, .targets = {2, -1}}, 1.0,
+          "row 1: token 256 is outside the vocabulary [0, 256)");
+  refused({.tokens = {-1, 2}, .positions = {0, 1}, .targets = {2, -1}}, 1.0, "row 0: token -1 is outside");
+  refused({.tokens = {1, 2}, .positions = {0, 1}, .targets = {256, -1}}, 1.0, "row 0: target 256 is outside");
+  refused({.tokens = {1, 2}, .positions = {0, -1}, .targets = {2, -1}}, 1.0, "row 1: negative position -1");
+  refused({.tokens = {1, 2}, .positions = {0}, .targets = {2, -1}}, 1.0, "2 tokens but 1 positions and 2 targets");
+  refused({.tokens = {1, 2}, .positions = {0, 1}, .targets = {2, -1}}, std::nan(""), "loss_scale nan is not finite");
   TokenRows rows{.tokens = {1, 2}, .positions = {0, 1}, .targets = {2, -1}};
   ASSERT_TRUE(pass.Begin({rows}, 1.0).ok());
   EXPECT_EQ(pass.AfterAttention(0, 0, buf.data(), buf.data()).code(), StatusCode::kFailedPrecondition);
