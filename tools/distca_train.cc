@@ -22,7 +22,6 @@
 #include "common/file_util.h"
 #include "common/timer.h"
 #include "distca/train.h"
-#include "distca/workload.h"
 #include "model_flags.h"
 
 namespace {
@@ -217,11 +216,7 @@ int Run(int argc, char** argv) {
   t.data.docs_file = a.docs_file;
   // Read once, here: every rank (threads of this process) and both --compare
   // runs then use the same lengths, and a pipe (read once only) works.
-  if (!a.docs_file.empty()) {
-    if (Status st = distca::ReadBatchesFile(a.docs_file, &t.data.batches); !st.ok()) return Fail(st.message());
-  } else if (a.data.rfind("synthetic:", 0) == 0 && a.data.size() > 10) {
-    if (Status st = distca::ReadLengthsFile(a.data.substr(10), &t.data.lengths); !st.ok()) return Fail(st.message());
-  }
+  if (Status st = distca::BatchStream::ReadInputFilesOnce(&t.data); !st.ok()) return Fail(st.message());
   s = distca::ParseAttentionMode(a.attention, &t.attention);
   if (s.ok()) s = distca::ParsePlanPolicy(a.policy, &t.policy);
   if (!s.ok()) return Fail(s.message());

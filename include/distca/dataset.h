@@ -91,6 +91,12 @@ struct Batch {
 class BatchStream {
  public:
   static Status Open(const DataOptions& options, std::unique_ptr<BatchStream>* out);
+  // Reads the files that Open would read as a whole (a docs file into
+  // `batches`, a synthetic:FILE into `lengths`; nothing for a corpus), so
+  // that the Opens of several ranks or runs of one process read each file
+  // once: a pipe can be read once only, and a file that changes in between
+  // cannot give the ranks different batches.
+  static Status ReadInputFilesOnce(DataOptions* options);
   virtual ~BatchStream() = default;
 
   // The next global batch. Corpus sources take documents in a shuffled order

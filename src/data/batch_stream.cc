@@ -102,6 +102,17 @@ int64_t Batch::tokens() const {
   return total;
 }
 
+Status BatchStream::ReadInputFilesOnce(DataOptions* o) {
+  if (o == nullptr) return Status::InvalidArgument("options are null");
+  std::string kind, path;
+  if (!o->docs_file.empty()) {
+    if (o->batches.empty()) DISTCA_RETURN_IF_ERROR(ReadBatchesFile(o->docs_file, &o->batches));
+  } else if (SplitSpec(o->spec, &kind, &path) && kind == "synthetic" && !path.empty() && o->lengths.empty()) {
+    DISTCA_RETURN_IF_ERROR(ReadLengthsFile(path, &o->lengths));
+  }
+  return Status::Ok();
+}
+
 Status BatchStream::Open(const DataOptions& o, std::unique_ptr<BatchStream>* out) {
   if (o.vocab_size <= 0)
     return Status::InvalidArgument(fmt::format("vocab size must be positive, got {}", o.vocab_size));

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <limits>
 #include <numeric>
 
@@ -288,6 +289,40 @@ TEST(BatchStreamTest, SyntheticFilterRunsOnceAtOpen) {
   }
   EXPECT_GT(opened, 0);
   EXPECT_GT(refused, 0);
+}
+
+// ReadInputFilesOnce reads a docs file or a synthetic lengths file into the
+// options; Open then reads nothing (the file may be gone) and names the file.
+TEST(BatchStreamTest, InputFilesReadOnceServeLaterOpens) {
+  ScratchDir dir;
+  ASSERT_TRUE(WriteTextFile(dir / "b.json", R"({"batches": [[3, 5], [7]]})").ok());
+  ASSERT_TRUE(WriteTextFile(dir / "l.json", "[100, 200, 300]").ok());
+  DataOptions docs;
+  docs.docs_file = dir / "b.json";
+  DataOptions sampled;
+  sampled.spec = "synthetic:" + (dir / "l.json");
+  sampled.tokens_per_batch = 256;
+  ASSERT_TRUE(BatchStream::ReadInputFilesOnce(&docs).ok());
+  ASSERT_TRUE(BatchStream::ReadInputFilesOnce(&sampled).ok());
+  EXPECT_EQ(docs.batches, (std::vector<std::vector<int64_t>>{{3, 5}, {7}}));
+  EXPECT_EQ(sampled.lengths, (std::vector<int64_t>{100, 200, 300}));
+  std::filesystem::remove(dir / "b.json");
+  std::filesystem::remove(dir / "l.json");
+  for (const DataOptions& o : {docs, sampled}) {
+    std::unique_ptr<BatchStream> stream = OpenOrDie(o);
+    EXPECT_NE(stream->Describe().find(dir.path().string()), std::string::npos) << stream->Describe();
+    Batch b;
+    ASSERT_TRUE(stream->Next(&b).ok());
+    EXPECT_EQ(b.tokens(), o.docs_file.empty() ? 256 : 8);
+  }
+  // A corpus is not read whole: nothing to do.
+  DataOptions corpus;
+  corpus.spec = "text:" + dir.path().string();
+  ASSERT_TRUE(BatchStream::ReadInputFilesOnce(&corpus).ok());
+  EXPECT_TRUE(corpus.lengths.empty() && corpus.batches.empty());
+  DataOptions missing;
+  missing.docs_file = dir / "gone.json";
+  EXPECT_TRUE(Contains(BatchStream::ReadInputFilesOnce(&missing), "gone.json"));
 }
 
 TEST(BatchStreamTest, DocsFileBatchesUseTheirLengthsExactly) {

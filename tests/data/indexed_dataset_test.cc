@@ -200,12 +200,15 @@ TEST(IndexedDatasetTest, RejectsCorruptedFilesWithReasons) {
   // A FIFO in place of either file is refused at once (a plain open of a
   // FIFO with no writer blocks forever).
   ASSERT_TRUE(WriteTextFile(dir / "d.idx", good.Bytes()).ok());
-  ASSERT_EQ(::mkfifo((dir / "f.idx").c_str(), 0600), 0);
-  ASSERT_TRUE(WriteTextFile(dir / "f.bin", bin).ok());
-  EXPECT_TRUE(Contains(OpenIndexedDataset(dir / "f", 6, &source), dir / "f.idx' is not a regular file"));
+  if (::mkfifo((dir / "f.idx").c_str(), 0600) == 0 && ::mkfifo((dir / "f2.bin").c_str(), 0600) == 0) {
+    ASSERT_TRUE(WriteTextFile(dir / "f.bin", bin).ok());
+    EXPECT_TRUE(Contains(OpenIndexedDataset(dir / "f", 6, &source), dir / "f.idx' is not a regular file"));
+    ASSERT_TRUE(WriteTextFile(dir / "f2.idx", good.Bytes()).ok());
+    EXPECT_TRUE(Contains(OpenIndexedDataset(dir / "f2", 6, &source), dir / "f2.bin' is not a regular file"));
+  } else {
+    ADD_FAILURE() << "cannot make a FIFO in " << dir.path() << ": the FIFO cases did not run";
+  }
   std::filesystem::remove(dir / "d.bin");
-  ASSERT_EQ(::mkfifo((dir / "d.bin").c_str(), 0600), 0);
-  EXPECT_TRUE(Contains(OpenIndexedDataset(dir / "d", 6, &source), dir / "d.bin' is not a regular file"));
   ASSERT_TRUE(WriteTextFile(dir / "d.idx", good.Bytes()).ok());
   EXPECT_TRUE(Contains(OpenIndexedDataset(dir / "d", 6, &source), dir / "d.bin"));
 }

@@ -407,9 +407,14 @@ TEST(TrainTest, BadOptionsAreRejected) {
   t = TinyTrainOptions(2);
   const ModelConfig& m = t.model;
   const double state = 16.0 * double(ParameterCount(m));
-  const double activations =
-      4.0 * double(t.tokens_per_rank) *
-      (m.num_layers * (4.0 * m.hidden + 2.0 * m.kv_heads * m.head_dim() + 3.0 * m.ffn_hidden) + m.vocab_size);
+  // Floats kept per token and layer: ModelPass's x, h, attention output,
+  // x_mid, g (5h), gate and up (2 ffn), two rstd (2); the executor's Q and O
+  // (2 Hq D), K and V (2 Hkv D), LSE (Hq).
+  const auto kept = [](const ModelConfig& c) {
+    return 5.0 * c.hidden + 2.0 * c.q_heads * c.head_dim() + 2.0 * c.kv_heads * c.head_dim() + 2.0 * c.ffn_hidden +
+           c.q_heads + 2.0;
+  };
+  const double activations = 4.0 * double(t.tokens_per_rank) * (m.num_layers * kept(m) + m.vocab_size);
   t.memory_bytes = 2 * (state + activations) * (1 - 1e-9);  // just below: refused
   s = RunLocal(2, [&](Comm& comm) { return Train(comm, t, nullptr); });
   EXPECT_NE(s.message().find("2 rank(s) on this machine: "), std::string::npos) << s.message();
@@ -431,9 +436,7 @@ TEST(TrainTest, BadOptionsAreRejected) {
     v.model.vocab_size = 1 << 16;
     v.steps = 1;
     const ModelConfig& w = v.model;
-    const double held = 16.0 * double(ParameterCount(w)) +
-                        4.0 * double(v.tokens_per_rank) * w.num_layers *
-                            (4.0 * w.hidden + 2.0 * w.kv_heads * w.head_dim() + 3.0 * w.ffn_hidden) +
+    const double held = 16.0 * double(ParameterCount(w)) + 4.0 * double(v.tokens_per_rank) * w.num_layers * kept(w) +
                         4.0 * double(ModelPass::kDefaultMaxLogitFloats);
     v.memory_bytes = 2 * held * (1 - 1e-9);
     s = RunLocal(2, [&](Comm& comm) { return Train(comm, v, nullptr); });
@@ -450,9 +453,7 @@ TEST(TrainTest, BadOptionsAreRejected) {
     l.data.batches.clear();
     l.data.spec = "synthetic:" + std::string(DISTCA_SOURCE_DIR) + "/data/doc-lengths-pretrain.json";
     l.load_dir = testing::ScratchDir("no-such-checkpoint");
-    const double act =
-        4.0 * double(l.tokens_per_rank) *
-        (m.num_layers * (4.0 * m.hidden + 2.0 * m.kv_heads * m.head_dim() + 3.0 * m.ffn_hidden) + m.vocab_size);
+    const double act = 4.0 * double(l.tokens_per_rank) * (m.num_layers * kept(m) + m.vocab_size);
     const double loading = double(kLoadBytesPerParameter) * double(ParameterCount(m));
     ASSERT_GT(loading, act);
     l.memory_bytes = 2 * (state + loading) * (1 - 1e-9);
