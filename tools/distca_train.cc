@@ -269,9 +269,17 @@ int Run(int argc, char** argv) {
     variants.push_back(t);
   }
 
+  // With thread ranks the log is opened before they start: an open that
+  // blocks (a FIFO nobody reads yet) then holds the tool, as it would any
+  // program, instead of one rank while the others time out waiting for it.
+  // Under mpirun rank 0 opens it.
+  if (comm_options.backend == distca::CommOptions::Backend::kLocal && !a.json_log.empty()) {
+    log = std::fopen(a.json_log.c_str(), "a");
+    if (log == nullptr) return Fail("cannot open --json-log " + a.json_log + ": " + std::strerror(errno));
+  }
   s = distca::RunOnRanks(comm_options, [&](distca::Comm& comm) -> Status {
     const bool root = comm.rank() == 0;
-    if (root && !a.json_log.empty()) {
+    if (root && !a.json_log.empty() && log == nullptr) {
       log = std::fopen(a.json_log.c_str(), "a");
       if (log == nullptr) return Status::IoError("cannot open --json-log " + a.json_log + ": " + std::strerror(errno));
     }

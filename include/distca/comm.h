@@ -77,6 +77,11 @@ class Comm {
   virtual const char* backend() const = 0;
 
   virtual Status Barrier() = 0;
+  // A barrier that one rank may reach long after the others (rank 0 writing
+  // a checkpoint): the others wait without the backend's message timeout
+  // (the local backend's; MPI has none), and still return at once when a
+  // rank fails. Default: Barrier().
+  virtual Status BarrierAfterLongWork() { return Barrier(); }
   // In place: data[i] = sum over ranks of data[i].
   virtual Status AllreduceSum(float* data, int64_t count) = 0;
   // Root's bytes to every rank.

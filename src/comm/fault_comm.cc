@@ -41,6 +41,10 @@ class FaultInjectingComm : public Comm {
     Delay();
     return inner_->Barrier();
   }
+  Status BarrierAfterLongWork() override {
+    Delay();
+    return inner_->BarrierAfterLongWork();
+  }
   Status AllreduceSum(float* data, int64_t count) override {
     Delay();
     return inner_->AllreduceSum(data, count);

@@ -50,9 +50,10 @@ class World {
   // kLongestTimeout (31 years; infinity included) wait that long: the
   // clock's nanoseconds would overflow past about 292 years.
   static constexpr double kLongestTimeout = 1e9;
-  Clock::time_point Deadline() const {
+  Clock::time_point Deadline() const { return DeadlineAfter(timeout_); }
+  static Clock::time_point DeadlineAfter(double seconds) {
     return Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                              std::chrono::duration<double>(std::min(timeout_, kLongestTimeout)));
+                              std::chrono::duration<double>(std::min(seconds, kLongestTimeout)));
   }
 
   // Whether a wait on message `seq` would return at once: it is there, the
@@ -119,12 +120,14 @@ class World {
 class RecvRequest : public CommRequest::Impl {
  public:
   RecvRequest(World* w, int src, int dst, int64_t tag, void* out, int64_t bytes)
+      : RecvRequest(w, src, dst, tag, out, bytes, w->Deadline()) {}
+  RecvRequest(World* w, int src, int dst, int64_t tag, void* out, int64_t bytes, World::Clock::time_point deadline)
       : world_(w),
         src_(src),
         dst_(dst),
         tag_(tag),
         seq_(w->NextReceive(src, dst, tag)),
-        deadline_(w->Deadline()),
+        deadline_(deadline),
         out_(out),
         bytes_(bytes) {}
 
@@ -218,14 +221,8 @@ class LocalComm : public Comm {
     return CommRequest(std::make_shared<GroupRequest>(std::move(parts)));
   }
 
-  Status Barrier() override {
-    const char token = 0;
-    char sink = 0;
-    const int64_t tag = NextCollectiveTag();
-    for (int p = 0; p < size(); ++p) Post(&token, 1, p, tag);
-    for (int p = 0; p < size(); ++p) DISTCA_RETURN_IF_ERROR(Receive(&sink, 1, p, tag));
-    return Status::Ok();
-  }
+  Status Barrier() override { return BarrierUntil(world_->Deadline()); }
+  Status BarrierAfterLongWork() override { return BarrierUntil(World::DeadlineAfter(World::kLongestTimeout)); }
 
   Status AllreduceSum(float* data, int64_t count) override {
     if (count < 0) return Status::InvalidArgument("allreduce: negative count");
@@ -280,6 +277,16 @@ class LocalComm : public Comm {
   Status Receive(void* data, int64_t bytes, int peer, int64_t tag) {
     RecvRequest r(world_, peer, rank_, tag, data, bytes);
     return r.Wait();
+  }
+
+  Status BarrierUntil(World::Clock::time_point deadline) {
+    const char token = 0;
+    char sink = 0;
+    const int64_t tag = NextCollectiveTag();
+    for (int p = 0; p < size(); ++p) Post(&token, 1, p, tag);
+    for (int p = 0; p < size(); ++p)
+      DISTCA_RETURN_IF_ERROR(RecvRequest(world_, p, rank_, tag, &sink, 1, deadline).Wait());
+    return Status::Ok();
   }
 
   int64_t NextCollectiveTag() { return -(++collectives_); }

@@ -232,6 +232,44 @@ Status AllreduceDouble(Comm& comm, double* value) {
   return Status::Ok();
 }
 
+// Every rank starts from the same state: the step, the data position and
+// the weights (hashed over at most 2^20 evenly spaced parameters). Under
+// mpirun each process loads its own --load (a job's processes may even be
+// given different ones), and ranks that resumed at different steps would
+// wait on each other's collectives forever; at one step with other weights
+// they would train apart silently.
+Status CheckRanksStartAlike(Comm& comm, int64_t step, const DataPosition& data, const Transformer& model) {
+  struct Start {
+    int64_t step, data_step, epoch, cursor, offset;
+    uint64_t weights;
+  };
+  uint64_t hash = 1469598103934665603ull;  // FNV-1a over the sampled parameters' bits
+  const int64_t n = model.size(), stride = std::max<int64_t>(1, n >> 20);
+  for (int64_t i = 0; i < n; i += stride) {
+    uint32_t bits = 0;
+    std::memcpy(&bits, model.params() + i, sizeof bits);
+    hash = (hash ^ bits) * 1099511628211ull;
+  }
+  const Start mine{step, data.step, data.epoch, data.cursor, data.offset, hash};
+  Start root = mine;
+  DISTCA_RETURN_IF_ERROR(comm.Broadcast(&root, sizeof root, 0).WithContext("comparing the ranks' starting states"));
+  float differs = std::memcmp(&mine, &root, sizeof mine) != 0 ? 1.0f : 0.0f;
+  DISTCA_RETURN_IF_ERROR(comm.AllreduceSum(&differs, 1).WithContext("comparing the ranks' starting states"));
+  if (differs == 0) return Status::Ok();
+  const auto describe = [](const Start& s) {
+    return fmt::format("step {}, data position ({}, {}, {}, {}), weights hash {:016x}", s.step, s.data_step, s.epoch,
+                       s.cursor, s.offset, s.weights);
+  };
+  if (std::memcmp(&mine, &root, sizeof mine) != 0)
+    return Status::FailedPrecondition(fmt::format(
+        "rank {} starts from another state than rank 0 ({} against {}): every rank must resume from the same "
+        "checkpoint",
+        comm.rank(), describe(mine), describe(root)));
+  return Status::FailedPrecondition(
+      fmt::format("{} rank(s) start from another state than rank 0: every rank must resume from the same checkpoint",
+                  int(differs)));
+}
+
 }  // namespace
 
 const char* AttentionModeName(AttentionMode mode) { return mode == AttentionMode::kCad ? "cad" : "colocated"; }
@@ -295,6 +333,7 @@ Status Train(Comm& comm, const TrainOptions& options, const std::function<void(c
       return Status::InvalidArgument(
           fmt::format("{} is at step {}; --steps {} leaves nothing to train", o.load_dir, step, o.steps));
   }
+  DISTCA_RETURN_IF_ERROR(CheckRanksStartAlike(comm, step, stream->position(), *model));
 
   PingPongOptions exec_options;
   exec_options.layers = o.model.num_layers;
@@ -345,9 +384,9 @@ Status Train(Comm& comm, const TrainOptions& options, const std::function<void(c
     double loss_sum = 0;
     int64_t my_targets = 0;
     DISTCA_RETURN_IF_ERROR(pass.Begin(std::move(nanos), 1.0 / double(targets)));
-    DISTCA_RETURN_IF_ERROR(executor->Forward(pass));
+    DISTCA_RETURN_IF_ERROR(executor->Forward(pass).WithContext(fmt::format("step {}: forward", step + 1)));
     DISTCA_RETURN_IF_ERROR(pass.Loss(&loss_sum, &my_targets));
-    DISTCA_RETURN_IF_ERROR(executor->Backward(pass));
+    DISTCA_RETURN_IF_ERROR(executor->Backward(pass).WithContext(fmt::format("step {}: backward", step + 1)));
     DISTCA_RETURN_IF_ERROR(pass.End());
     const double busy = ThreadCpuSeconds() - cpu_start;
 
@@ -355,14 +394,17 @@ Status Train(Comm& comm, const TrainOptions& options, const std::function<void(c
     WallTimer wait_timer;
     {
       Tracer::Scope span(o.tracer, rank, "compute", "wait for slowest rank");
-      DISTCA_RETURN_IF_ERROR(comm.Barrier());
+      DISTCA_RETURN_IF_ERROR(
+          comm.Barrier().WithContext(fmt::format("step {}: barrier before the all-reduce", step + 1)));
     }
     const double barrier_s = wait_timer.Seconds();
     WallTimer allreduce_timer;
     {
       Tracer::Scope span(o.tracer, rank, "compute", "all-reduce gradients", model->size() * int64_t{sizeof(float)});
-      DISTCA_RETURN_IF_ERROR(comm.AllreduceSum(model->grads(), model->size()));
-      DISTCA_RETURN_IF_ERROR(AllreduceDouble(comm, &loss_sum));
+      DISTCA_RETURN_IF_ERROR(comm.AllreduceSum(model->grads(), model->size())
+                                 .WithContext(fmt::format("step {}: all-reduce of the gradients", step + 1)));
+      DISTCA_RETURN_IF_ERROR(
+          AllreduceDouble(comm, &loss_sum).WithContext(fmt::format("step {}: all-reduce of the loss", step + 1)));
     }
     const double allreduce_s = allreduce_timer.Seconds();
     const double grad_norm = ClipGradNorm(model->grads(), model->size(), o.grad_clip);
@@ -389,13 +431,18 @@ Status Train(Comm& comm, const TrainOptions& options, const std::function<void(c
                           step_timer.Seconds(),
                           double(sent)};
     std::vector<RankReport> reports;
-    DISTCA_RETURN_IF_ERROR(GatherToRoot(comm, mine, &reports));
+    DISTCA_RETURN_IF_ERROR(
+        GatherToRoot(comm, mine, &reports).WithContext(fmt::format("step {}: gathering the ranks' reports", step)));
 
     if (!o.save_dir.empty() && rank == 0 && ((o.save_every > 0 && step % o.save_every == 0) || step == o.steps)) {
       const TrainState state{step, stream->position(), o.seed, ScheduleOf(o)};
       DISTCA_RETURN_IF_ERROR(SaveCheckpoint(o.save_dir, *model, optimizer, state));
     }
-    if (!o.save_dir.empty()) DISTCA_RETURN_IF_ERROR(comm.Barrier());  // no rank runs ahead of a failed save
+    // No rank runs ahead of a failed save; the others wait for rank 0's
+    // save however long it takes (a failure still ends the wait).
+    if (!o.save_dir.empty())
+      DISTCA_RETURN_IF_ERROR(
+          comm.BarrierAfterLongWork().WithContext(fmt::format("step {}: barrier after the checkpoint", step)));
 
     if (rank == 0 && on_step) {
       StepMetrics m;

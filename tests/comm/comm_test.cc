@@ -75,6 +75,31 @@ TEST(LocalCommTest, WaitsTimeOutInsteadOfHanging) {
   EXPECT_NE(s.message().find("waited"), std::string::npos) << s.ToString();
 }
 
+// A barrier after long work on one rank (rank 0 writing a checkpoint) waits
+// past the message timeout; a plain barrier does not. A failure still ends
+// the long wait at once.
+TEST(LocalCommTest, BarrierAfterLongWorkOutwaitsTheTimeout) {
+  const auto late_rank0 = [](bool long_barrier) {
+    return [long_barrier](Comm& c) -> Status {
+      if (c.rank() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(400));
+      return long_barrier ? c.BarrierAfterLongWork() : c.Barrier();
+    };
+  };
+  EXPECT_TRUE(RunLocal(3, late_rank0(true), 0.1).ok());
+  const Status plain = RunLocal(3, late_rank0(false), 0.1);
+  EXPECT_EQ(plain.code(), StatusCode::kUnavailable) << plain.ToString();
+  const auto start = std::chrono::steady_clock::now();
+  const Status failed = RunLocal(
+      3,
+      [](Comm& c) -> Status {
+        if (c.rank() == 0) return Status::IoError("the save failed");
+        return c.BarrierAfterLongWork();
+      },
+      0.1);
+  EXPECT_NE(failed.message().find("the save failed"), std::string::npos) << failed.ToString();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+}
+
 // A receive that is only polled (Test) times out as a blocking one does:
 // Test turns true at its deadline and Wait reports the missing peer.
 TEST(LocalCommTest, PolledReceivesTimeOutToo) {

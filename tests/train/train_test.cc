@@ -339,6 +339,35 @@ TEST(TrainTest, FirstStepMatchesTheSingleProcessOracle) {
   }
 }
 
+// Ranks that resume from different checkpoints (possible under mpirun, where
+// each process loads its own --load) are refused before the first step: at
+// different steps they waited on each other's collectives forever.
+TEST(TrainTest, RanksMustResumeFromOneState) {
+  TrainOptions t = TinyTrainOptions(2);
+  t.steps = 2;
+  t.lr_decay_steps = 3;
+  t.save_every = 1;
+  t.save_dir = testing::ScratchDir("resume-apart");
+  std::filesystem::remove_all(t.save_dir);
+  Status s = RunLocal(2, [&](Comm& comm) { return Train(comm, t, nullptr); });
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  TrainOptions resume = t;
+  resume.save_dir.clear();
+  resume.steps = 3;
+  s = RunLocal(2, [&](Comm& comm) {
+    TrainOptions mine = resume;
+    mine.load_dir = t.save_dir + (comm.rank() == 0 ? "/step-00000001" : "/step-00000002");
+    return Train(comm, mine, nullptr);
+  });
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+  EXPECT_NE(s.message().find("starts from another state than rank 0"), std::string::npos) << s.ToString();
+  // The same checkpoint on both ranks resumes.
+  resume.load_dir = t.save_dir + "/step-00000002";
+  s = RunLocal(2, [&](Comm& comm) { return Train(comm, resume, nullptr); });
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  std::filesystem::remove_all(t.save_dir);
+}
+
 // A diverging run (a finite but absurd rate: step 1 moves every weight by
 // about 1e30) stops at the first non-finite loss or gradient norm, on every
 // rank, before the update; the checkpoint of step 1 holds finite weights,
