@@ -262,8 +262,8 @@ Status CheckRanksStartAlike(Comm& comm, int64_t step, const DataPosition& data, 
   };
   if (std::memcmp(&mine, &root, sizeof mine) != 0)
     return Status::FailedPrecondition(fmt::format(
-        "rank {} starts from another state than rank 0 ({} against {}): every rank must resume from the same "
-        "checkpoint",
+        "rank {} starts from another state than rank 0: every rank must resume from the same checkpoint ({} "
+        "against {})",
         comm.rank(), describe(mine), describe(root)));
   return Status::FailedPrecondition(
       fmt::format("{} rank(s) start from another state than rank 0: every rank must resume from the same checkpoint",
