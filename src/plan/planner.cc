@@ -170,6 +170,10 @@ Status PlanLayout(const PlanOptions& o, const CostModel& cost, Plan p, Plan* pla
     // measured table does not cost as the whole piece; from eps 1 on no
     // recipient's deficit (at most the mean) exceeds eps * mean.
     if (o.policy == PlanPolicy::kPaper) eps_max = std::max(eps_max, 1.0);
+    // A step within rounding of eps_max may still move a block ((1 + eps)
+    // mean can round below the busiest load): only a step clearly beyond it
+    // is expected to move nothing.
+    eps_max += 1e-9 * (1.0 + eps_max);
     // What the layout alone needs; with budget_grows, the budget rises to it.
     // Below it a plan may still fit (moving work can shorten a rank's
     // exchanges: a tail piece served where its prefix lives, or, counting

@@ -864,6 +864,25 @@ TEST(PlannerTest, ABudgetBelowTheLayoutsNeedCanStillFit) {
 // do not, 51 and 53 do. Galloping from step 20 to 40 and 80 and bisecting
 // found step 56 (eps 2.85, max/mean 3.8); the step-by-step phase, now 60
 // steps, finds step 30 (max/mean 2.5).
+// A search step one rounding unit past the colocated imbalance can still
+// move a block ((1 + eps) mean rounds below the busiest load): it is not
+// taken for a policy moving work beyond that imbalance (an Internal error
+// before), and the search goes on to a step that fits. Found by a fuzzer.
+TEST(PlannerTest, CommBudgetSearchToleratesRoundingAtTheColocatedImbalance) {
+  PlanOptions o;
+  o.ranks = 3;
+  o.block = 16;
+  o.policy = PlanPolicy::kDistca;
+  o.tolerance = 0.39635382992479673;
+  o.comm_budget = 2097152;  // the colocated plan's own busiest rank
+  const CostModel cost = CostModel::Flops(o.model);
+  Plan p;
+  const Status s = BuildPlan({227, 256}, o, cost, &p);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_TRUE(ValidatePlan(p, cost).ok());
+  EXPECT_LE(p.stats.traffic.max_rank_bytes(), o.comm_budget);
+}
+
 TEST(PlannerTest, CommBudgetSearchStepsThroughNonMonotoneTraffic) {
   PlanOptions o;
   o.ranks = 2;
