@@ -10,8 +10,9 @@
 //                     matches a glob) is one document; byte-level tokens (vocab 256)
 //   indexed:PREFIX    Megatron-LM's indexed dataset PREFIX.bin / PREFIX.idx
 //                     ("MMIDIDX"), read through mmap
-//   synthetic:FILE    lengths sampled from a lengths file (JSON array) with the
-//                     paper's recipe, deterministic learnable token ids
+//   synthetic:FILE    lengths from a lengths file (JSON array): the paper's
+//                     recipe makes its documents once, each step packs a batch
+//                     of them; deterministic learnable token ids
 //   a docs file       {"batches": [[len, ...], ...]}: step i uses batch i's
 //                     lengths exactly (cycling), synthetic token ids
 #pragma once

@@ -1,5 +1,6 @@
-// Synthetic batches: lengths sampled per step from a lengths file, or taken
-// from a docs file; token ids from the deterministic rule of streams.h.
+// Synthetic batches: lengths packed per step from the recipe's documents (made
+// once from a lengths file), or taken from a docs file; token ids from the
+// deterministic rule of streams.h.
 #include <fmt/format.h>
 
 #include <algorithm>
