@@ -23,8 +23,10 @@
 #include <cmath>
 #include <iterator>
 #include <limits>
+#include <map>
 #include <numeric>
 #include <queue>
+#include <tuple>
 #include <unordered_map>
 
 #include "plan/planner_internal.h"
@@ -156,8 +158,14 @@ struct Move {
 
 class DistcaPlanner {
  public:
-  DistcaPlanner(const CostModel& cost, Plan* plan)
-      : cost_(cost), plan_(*plan), rates_(ByteRatesFor(plan->model)), servers_(plan->servers()) {}
+  // merge_aware: charge a chunk what it adds to the receiver's task it joins
+  // (only with a measured table; with FLOPs it is the same).
+  DistcaPlanner(const CostModel& cost, Plan* plan, bool merge_aware)
+      : cost_(cost),
+        plan_(*plan),
+        rates_(ByteRatesFor(plan->model)),
+        servers_(plan->servers()),
+        merge_aware_(merge_aware && cost.measured()) {}
 
   // With repack false, a greedy that misses the bound returns its own plan
   // (bound_met false) instead of trying first-fit decreasing.
@@ -184,6 +192,31 @@ class DistcaPlanner {
   Plan& plan_;
   const ByteRates rates_;
   const int servers_;
+  // With a measured table a task costs less than its parts (every kernel
+  // call has a floor), so a chunk [a, z) moved to a server that runs the
+  // document's rows from z on is charged what it adds to that task, and
+  // joins it: the greedy moves chunks leftwards from a task's end, so each
+  // chunk of a document on a receiver usually continues the one before
+  // (joins on the other side are left to the final merge, charged in full:
+  // the receiver's tracked load can only exceed its real one). Tasks are
+  // indexed by (document, server, first row), unique as rows are disjoint.
+  // With FLOPs costs add up and none of this runs.
+  const bool merge_aware_;
+  std::map<std::tuple<int, int, int64_t>, int> starting_;
+  void Index(int task) {
+    const PlanTask& t = plan_.tasks[task];
+    if (merge_aware_ && t.q_begin < t.q_end) starting_[{t.doc, t.server, t.q_begin}] = task;
+  }
+  void Unindex(int task) {
+    const PlanTask& t = plan_.tasks[task];
+    if (merge_aware_ && t.q_begin < t.q_end) starting_.erase({t.doc, t.server, t.q_begin});
+  }
+  // The server's task of the document that starts at `row`, or -1.
+  int TaskStartingAt(int doc, int server, int64_t row) const {
+    if (!merge_aware_) return -1;
+    const auto it = starting_.find({doc, server, row});
+    return it == starting_.end() ? -1 : it->second;
+  }
   double cap_ = 0;
   std::vector<double> load_;
   std::vector<std::vector<int>> server_tasks_;  // tasks per server
@@ -314,7 +347,13 @@ Move DistcaPlanner::BestMove(int task, int receiver, double need) const {
     // a: the smallest chunk [a, z) that covers the target, or [b, z) when even
     // that does not; then shrunk until it fits the receiver's room.
     int64_t ka = std::max<int64_t>(0, FirstTrue(cuts, 0, kz - 1, [&](int64_t x) { return Cost(x, z) < target; }) - 1);
-    if (Cost(cuts.at(ka), z) > room) ka = FirstTrue(cuts, ka, kz - 1, [&](int64_t x) { return Cost(x, z) <= room; });
+    // What the receiver's load grows by when it takes [x, z): joined to its
+    // task [z, hi) of the document, if it has one.
+    const int joins = TaskStartingAt(t.doc, receiver, z);
+    const int64_t hi = joins >= 0 ? plan_.tasks[joins].q_end : z;
+    const double joined = joins >= 0 ? Cost(z, hi) : 0.0;
+    const auto added = [&](int64_t x) { return joins >= 0 ? std::max(0.0, Cost(x, hi) - joined) : Cost(x, z); };
+    if (added(cuts.at(ka)) > room) ka = FirstTrue(cuts, ka, kz - 1, [&](int64_t x) { return added(x) <= room; });
     if (ka >= kz) continue;  // not one block fits
     Move m;
     m.valid = true;
@@ -322,11 +361,17 @@ Move DistcaPlanner::BestMove(int task, int receiver, double need) const {
     m.server = receiver;
     m.a = cuts.at(ka);
     m.z = z;
-    m.receiver_add = Cost(m.a, m.z);
+    m.receiver_add = added(m.a);
+    // (Merge-aware, the room search's predicate need not be monotone: check.)
+    if (m.receiver_add > room) continue;
     m.donor_drop = whole - Cost(t.q_begin, m.a) - Cost(m.z, t.q_end);
     m.bytes = (m.z - m.a - HeldRows(t.doc, receiver, m.a, m.z)) * rates_.QueryRowRoundTrip() +
               NewKvRows(t.doc, receiver, m.z) * rates_.KvRowRoundTrip();
-    m.score = m.receiver_add > 0 ? double(m.bytes) / m.receiver_add : 1e300;
+    // Bytes per unit of work moved: the receiver's added load (with FLOPs
+    // the same as the donor's drop; merge-aware, joining a task may add
+    // less, even nothing, and the donor's drop measures the move).
+    const double moved = merge_aware_ ? m.donor_drop : m.receiver_add;
+    m.score = moved > 0 ? double(m.bytes) / moved : 1e300;
     if (!best.valid || m.score < best.score) best = m;
   }
   return best;
@@ -395,14 +440,25 @@ Move DistcaPlanner::DonorBest(int donor) {
 void DistcaPlanner::Apply(const Move& m) {
   const PlanTask t = plan_.tasks[m.task];
   const int donor = t.server;
-  // The donor keeps [b, a) and [z, e); the receiver gets [a, z).
+  // The donor keeps [b, a) and [z, e); the receiver gets [a, z), joined to
+  // its task of the document that starts at z (merge-aware).
+  Unindex(m.task);
   plan_.tasks[m.task].q_end = m.a;
+  Index(m.task);
   if (m.z < t.q_end) {
     plan_.tasks.push_back({t.doc, m.z, t.q_end, donor});
     server_tasks_[donor].push_back(static_cast<int>(plan_.tasks.size()) - 1);
+    Index(static_cast<int>(plan_.tasks.size()) - 1);
   }
-  plan_.tasks.push_back({t.doc, m.a, m.z, m.server});
-  server_tasks_[m.server].push_back(static_cast<int>(plan_.tasks.size()) - 1);
+  if (const int right = TaskStartingAt(t.doc, m.server, m.z); right >= 0) {
+    Unindex(right);
+    plan_.tasks[right].q_begin = m.a;
+    Index(right);
+  } else {
+    plan_.tasks.push_back({t.doc, m.a, m.z, m.server});
+    server_tasks_[m.server].push_back(static_cast<int>(plan_.tasks.size()) - 1);
+    Index(static_cast<int>(plan_.tasks.size()) - 1);
+  }
   load_[donor] -= m.donor_drop;
   load_[m.server] += m.receiver_add;
   KvState& kv = AddKv(t.doc, m.server);
@@ -495,7 +551,9 @@ void DistcaPlanner::Relocate() {
       load_[best] += w;
       for (int s : {t.server, best})
         if (cap_ - load_[s] > 0) receivers_.push({cap_ - load_[s], s});
+      Unindex(static_cast<int>(i));
       plan_.tasks[i].server = best;
+      Index(static_cast<int>(i));
       improved = true;
     }
     if (!improved) break;
@@ -509,10 +567,12 @@ Status DistcaPlanner::Run(double eps, bool repack, std::vector<double>* loads) {
   server_tasks_.assign(servers_, {});
   kv_.assign(plan_.documents.size(), {});
   kv_at_.assign(plan_.documents.size(), {});
+  starting_.clear();
   for (size_t d = 0; d < plan_.documents.size(); ++d) {
     for (const PlanPiece& p : plan_.documents[d].pieces) {
       plan_.tasks.push_back({static_cast<int32_t>(d), p.begin, p.end, p.rank});
       server_tasks_[p.rank].push_back(static_cast<int>(plan_.tasks.size()) - 1);
+      Index(static_cast<int>(plan_.tasks.size()) - 1);
       load_[p.rank] += Cost(p.begin, p.end);
       // The rank's own task already needs the K/V of [0, p.end): more rows
       // of this document cost it only what lies beyond.
@@ -590,12 +650,28 @@ Status DistcaPlanner::Run(double eps, bool repack, std::vector<double>* loads) {
 }  // namespace
 
 Status PlanDistca(const CostModel& cost, double eps, Plan* plan, std::vector<double>* loads) {
-  DistcaPlanner planner(cost, plan);
-  return planner.Run(eps, /*repack=*/true, loads);
+  const Plan input = *plan;
+  DistcaPlanner planner(cost, plan, /*merge_aware=*/true);
+  DISTCA_RETURN_IF_ERROR(planner.Run(eps, /*repack=*/true, loads));
+  if (plan->bound_met || !cost.measured()) return Status::Ok();
+  // With a measured table, charging each chunk in full sometimes meets a
+  // bound the merge-aware greedy misses (in a randomized comparison of the
+  // two alone, 7 of 1,500 cases, against 3 the other way): on a miss the
+  // plain greedy runs too, and the plan with the lower maximum load is kept.
+  Plan other = input;
+  std::vector<double> other_loads;
+  DistcaPlanner plain(cost, &other, /*merge_aware=*/false);
+  DISTCA_RETURN_IF_ERROR(plain.Run(eps, /*repack=*/true, &other_loads));
+  if (other.bound_met ||
+      *std::max_element(other_loads.begin(), other_loads.end()) < *std::max_element(loads->begin(), loads->end())) {
+    *plan = std::move(other);
+    *loads = std::move(other_loads);
+  }
+  return Status::Ok();
 }
 
 Status PlanDistcaGreedyOnly(const CostModel& cost, double eps, Plan* plan, std::vector<double>* loads) {
-  DistcaPlanner planner(cost, plan);
+  DistcaPlanner planner(cost, plan, /*merge_aware=*/true);
   return planner.Run(eps, /*repack=*/false, loads);
 }
 
