@@ -650,7 +650,12 @@ Status DistcaPlanner::Run(double eps, bool repack, std::vector<double>* loads) {
 }  // namespace
 
 Status PlanDistca(const CostModel& cost, double eps, Plan* plan, std::vector<double>* loads) {
-  const Plan input = *plan;
+  // Only a measured table may need the second run, from the same input.
+  Plan input;
+  if (cost.measured()) {
+    input = *plan;
+    input.tasks.clear();
+  }
   DistcaPlanner planner(cost, plan, /*merge_aware=*/true);
   DISTCA_RETURN_IF_ERROR(planner.Run(eps, /*repack=*/true, loads));
   if (plan->bound_met || !cost.measured()) return Status::Ok();

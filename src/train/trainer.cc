@@ -233,7 +233,7 @@ Status AllreduceDouble(Comm& comm, double* value) {
 }
 
 // Every rank starts from the same state: the step, the data position and
-// the weights (hashed over at most 2^20 evenly spaced parameters). Under
+// the weights (hashed over about 2^20 to 2^21 evenly spaced parameters). Under
 // mpirun each process loads its own --load (a job's processes may even be
 // given different ones), and ranks that resumed at different steps would
 // wait on each other's collectives forever; at one step with other weights

@@ -882,10 +882,6 @@ TEST(PlannerTest, ABudgetBelowTheLayoutsNeedCanStillFit) {
   }
 }
 
-// Traffic is not monotone in eps: here step 30 (eps 1.55) fits, steps 31-50
-// do not, 51 and 53 do. Galloping from step 20 to 40 and 80 and bisecting
-// found step 56 (eps 2.85, max/mean 3.8); the step-by-step phase, now 60
-// steps, finds step 30 (max/mean 2.5).
 // A search step one rounding unit past the colocated imbalance can still
 // move a block ((1 + eps) mean rounds below the busiest load): it is not
 // taken for a policy moving work beyond that imbalance (an Internal error
@@ -905,6 +901,10 @@ TEST(PlannerTest, CommBudgetSearchToleratesRoundingAtTheColocatedImbalance) {
   EXPECT_LE(p.stats.traffic.max_rank_bytes(), o.comm_budget);
 }
 
+// Traffic is not monotone in eps: here step 30 (eps 1.55) fits, steps 31-50
+// do not, 51 and 53 do. Galloping from step 20 to 40 and 80 and bisecting
+// found step 56 (eps 2.85, max/mean 3.8); the step-by-step phase, now 60
+// steps, finds step 30 (max/mean 2.5).
 TEST(PlannerTest, CommBudgetSearchStepsThroughNonMonotoneTraffic) {
   PlanOptions o;
   o.ranks = 2;
