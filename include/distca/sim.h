@@ -263,6 +263,11 @@ inline constexpr int kMaxSimGpus = 8192;
 // nothing more; 1e6 leaves room for the budget search's raises and keeps the
 // mean over a run's plans finite.
 inline constexpr double kMaxSimTolerance = 1e6;
+// Micro-batches per data-parallel replica, given (--micro-batches) or one per
+// chunk: each costs memory and a pipeline tick per batch (2^24: 8 s and 1.3 GB
+// for one batch of one stage; 5x that ran out of memory). Real schedules run
+// tens to hundreds.
+inline constexpr int64_t kMaxSimMicroBatches = int64_t{1} << 24;
 
 Status ValidateSimOptions(const SimOptions& options);
 

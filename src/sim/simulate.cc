@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
+#include <new>
 #include <numeric>
 
 #include "common/cpu_features.h"
@@ -264,6 +266,15 @@ Status ValidateSimOptions(const SimOptions& o) {
   if (o.cp < 0 || (o.cp > 0 && G % o.cp != 0))
     return Status::InvalidArgument(fmt::format("cp ({}) must divide the {} ranks per stage", o.cp, G));
   if (o.micro_batches < 0) return Status::InvalidArgument("micro-batches must be >= 0");
+  if (o.micro_batches > kMaxSimMicroBatches)
+    return Status::OutOfRange(fmt::format("{} micro-batches per replica is above the simulator's limit of {}",
+                                          o.micro_batches, kMaxSimMicroBatches));
+  // One micro-batch per chunk: a replica may run all B of them (cp = G).
+  if (o.micro_batches == 0 && o.batch_size > kMaxSimMicroBatches)
+    return Status::OutOfRange(
+        fmt::format("batch size {} chunks, one micro-batch each, is above the simulator's limit of {} micro-batches "
+                    "per replica: give --micro-batches",
+                    o.batch_size, kMaxSimMicroBatches));
   if (o.micro_batches > 0 && int64_t{o.batch_size} * o.max_doc_len < int64_t{o.micro_batches} * G)
     return Status::InvalidArgument(
         fmt::format("{} micro-batches over {} ranks per stage leave less than one token per rank of the batch's {} "
@@ -376,8 +387,16 @@ Status Simulate(const SimOptions& options, const std::vector<std::vector<int64_t
       } else {
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
         for (int b = 0; b < n; ++b) {
-          status[b] = e.run(ctx, batches[b], cp, &outcomes[b], nullptr);
-          if (status[b].ok()) status[b] = sim::AddGradSync(ctx, &outcomes[b]);
+          // Nothing may be thrown out of a parallel region (it would end the
+          // process): a failed allocation becomes this batch's error.
+          try {
+            status[b] = e.run(ctx, batches[b], cp, &outcomes[b], nullptr);
+            if (status[b].ok()) status[b] = sim::AddGradSync(ctx, &outcomes[b]);
+          } catch (const std::bad_alloc&) {
+            status[b] = Status::OutOfRange(fmt::format("cp {}: out of memory", cp));
+          } catch (const std::exception& ex) {
+            status[b] = Status::Internal(fmt::format("cp {}: {}", cp, ex.what()));
+          }
         }
       }
       const auto failed = std::find_if(status.begin(), status.end(), [](const Status& st) { return !st.ok(); });
