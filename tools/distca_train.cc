@@ -273,16 +273,17 @@ int Run(int argc, char** argv) {
   // blocks (a FIFO nobody reads yet) then holds the tool, as it would any
   // program, instead of one rank while the others time out waiting for it.
   // Under mpirun rank 0 opens it.
-  if (comm_options.backend == distca::CommOptions::Backend::kLocal && !a.json_log.empty()) {
+  const auto open_log = [&]() -> Status {
+    if (a.json_log.empty() || log != nullptr) return Status::Ok();
     log = std::fopen(a.json_log.c_str(), "a");
-    if (log == nullptr) return Fail("cannot open --json-log " + a.json_log + ": " + std::strerror(errno));
-  }
+    if (log == nullptr) return Status::IoError("cannot open --json-log " + a.json_log + ": " + std::strerror(errno));
+    return Status::Ok();
+  };
+  if (comm_options.backend == distca::CommOptions::Backend::kLocal)
+    if (Status st = open_log(); !st.ok()) return Fail(st.message());
   s = distca::RunOnRanks(comm_options, [&](distca::Comm& comm) -> Status {
     const bool root = comm.rank() == 0;
-    if (root && !a.json_log.empty() && log == nullptr) {
-      log = std::fopen(a.json_log.c_str(), "a");
-      if (log == nullptr) return Status::IoError("cannot open --json-log " + a.json_log + ": " + std::strerror(errno));
-    }
+    if (root) DISTCA_RETURN_IF_ERROR(open_log());
     for (distca::TrainOptions v : variants) {
       // --compare trains the same batches both ways: with dedicated servers
       // CAD's batch is tokens per rank x its R - S data ranks, which

@@ -33,7 +33,7 @@ ScopedFd::~ScopedFd() {
 
 int ScopedFd::release() { return std::exchange(fd_, -1); }
 
-Status OpenForReading(const std::string& path, ScopedFd* fd) {
+Status OpenForReading(const std::string& path, ScopedFd* fd, int64_t* size) {
   // O_NONBLOCK makes opening a FIFO return at once (it has no effect on
   // reads of a regular file).
   ScopedFd opened(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
@@ -41,6 +41,7 @@ Status OpenForReading(const std::string& path, ScopedFd* fd) {
   struct stat st {};
   if (::fstat(opened.get(), &st) != 0) return Errno("cannot stat", path);
   if (!S_ISREG(st.st_mode)) return Status::InvalidArgument(fmt::format("'{}' is not a regular file", path));
+  if (size != nullptr) *size = st.st_size;
   *fd = std::move(opened);
   return Status::Ok();
 }
@@ -85,15 +86,14 @@ void MappedFile::Reset() {
 
 Status MappedFile::Open(const std::string& path, MappedFile* out) {
   ScopedFd fd;
-  DISTCA_RETURN_IF_ERROR(OpenForReading(path, &fd));
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) return Errno("cannot stat", path);
+  int64_t size = 0;
+  DISTCA_RETURN_IF_ERROR(OpenForReading(path, &fd, &size));
   MappedFile mapped;
-  if (st.st_size > 0) {
-    void* p = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_SHARED, fd.get(), 0);
+  if (size > 0) {
+    void* p = ::mmap(nullptr, static_cast<size_t>(size), PROT_READ, MAP_SHARED, fd.get(), 0);
     if (p == MAP_FAILED) return Errno("cannot mmap", path);
     mapped.data_ = static_cast<const uint8_t*>(p);
-    mapped.size_ = st.st_size;
+    mapped.size_ = size;
   }
   *out = std::move(mapped);
   return Status::Ok();  // the mapping outlives the descriptor

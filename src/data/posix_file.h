@@ -31,8 +31,8 @@ class ScopedFd {
 
 // Opens a regular file read-only; anything else (a FIFO, a device, a
 // directory) is refused without blocking: a FIFO with no writer would block
-// a plain open forever.
-Status OpenForReading(const std::string& path, ScopedFd* fd);
+// a plain open forever. `size`, when given, receives the file's size.
+Status OpenForReading(const std::string& path, ScopedFd* fd, int64_t* size = nullptr);
 
 // Reads exactly `size` bytes at `offset`; a short read (the file shrank) is an IoError.
 Status PReadFully(int fd, const std::string& path, int64_t offset, size_t size, void* out);

@@ -377,27 +377,28 @@ Status Simulate(const SimOptions& options, const std::vector<std::vector<int64_t
     for (int cp : cps) {
       std::vector<sim::BatchOutcome> outcomes(n);
       std::vector<Status> status(n);
+      // One batch, its gradient sync included. Nothing may be thrown out of
+      // the parallel loop below (it would end the process): a failed
+      // allocation becomes the batch's error, in either loop.
+      const auto run_batch = [&](int b, sim::BatchCarry* carry) -> Status {
+        try {
+          DISTCA_RETURN_IF_ERROR(e.run(ctx, batches[b], cp, &outcomes[b], carry));
+          return sim::AddGradSync(ctx, &outcomes[b]);
+        } catch (const std::bad_alloc&) {
+          return Status::OutOfRange(fmt::format("cp {}: out of memory", cp));
+        } catch (const std::exception& ex) {
+          return Status::Internal(fmt::format("cp {}: {}", cp, ex.what()));
+        }
+      };
       if (e.distca_buffer && options.comm_budget > 0) {
         sim::BatchCarry carry;
         for (int b = 0; b < n; ++b) {
-          status[b] = e.run(ctx, batches[b], cp, &outcomes[b], &carry);
-          if (status[b].ok()) status[b] = sim::AddGradSync(ctx, &outcomes[b]);
+          status[b] = run_batch(b, &carry);
           if (!status[b].ok()) break;  // the batches after it would start from a carry it never set
         }
       } else {
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-        for (int b = 0; b < n; ++b) {
-          // Nothing may be thrown out of a parallel region (it would end the
-          // process): a failed allocation becomes this batch's error.
-          try {
-            status[b] = e.run(ctx, batches[b], cp, &outcomes[b], nullptr);
-            if (status[b].ok()) status[b] = sim::AddGradSync(ctx, &outcomes[b]);
-          } catch (const std::bad_alloc&) {
-            status[b] = Status::OutOfRange(fmt::format("cp {}: out of memory", cp));
-          } catch (const std::exception& ex) {
-            status[b] = Status::Internal(fmt::format("cp {}: {}", cp, ex.what()));
-          }
-        }
+        for (int b = 0; b < n; ++b) status[b] = run_batch(b, nullptr);
       }
       const auto failed = std::find_if(status.begin(), status.end(), [](const Status& st) { return !st.ok(); });
       if (failed != status.end() && failed->code() == StatusCode::kFailedPrecondition && cps.size() > 1) {

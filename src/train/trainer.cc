@@ -253,14 +253,15 @@ Status CheckRanksStartAlike(Comm& comm, int64_t step, const DataPosition& data, 
   const Start mine{step, data.step, data.epoch, data.cursor, data.offset, hash};
   Start root = mine;
   DISTCA_RETURN_IF_ERROR(comm.Broadcast(&root, sizeof root, 0).WithContext("comparing the ranks' starting states"));
-  float differs = std::memcmp(&mine, &root, sizeof mine) != 0 ? 1.0f : 0.0f;
+  const bool i_differ = std::memcmp(&mine, &root, sizeof mine) != 0;
+  float differs = i_differ ? 1.0f : 0.0f;
   DISTCA_RETURN_IF_ERROR(comm.AllreduceSum(&differs, 1).WithContext("comparing the ranks' starting states"));
   if (differs == 0) return Status::Ok();
   const auto describe = [](const Start& s) {
     return fmt::format("step {}, data position ({}, {}, {}, {}), weights hash {:016x}", s.step, s.data_step, s.epoch,
                        s.cursor, s.offset, s.weights);
   };
-  if (std::memcmp(&mine, &root, sizeof mine) != 0)
+  if (i_differ)
     return Status::FailedPrecondition(fmt::format(
         "rank {} starts from another state than rank 0: every rank must resume from the same checkpoint ({} "
         "against {})",
