@@ -44,7 +44,10 @@ struct Args {
 };
 
 std::string Duration(double s) {
-  const int t = static_cast<int>(s + 0.5);
+  // An estimate past 10^6 hours (--steps near 2^63) prints as such rather
+  // than overflow the conversion.
+  if (!(s < 3.6e9)) return "over 10^6 h";
+  const int64_t t = static_cast<int64_t>(s + 0.5);
   return t >= 3600 ? fmt::format("{}:{:02}:{:02}", t / 3600, t / 60 % 60, t % 60)
                    : fmt::format("{}:{:02}", t / 60, t % 60);
 }
@@ -90,6 +93,15 @@ struct RunSummary {
     for (const auto& m : steps()) s += m.step_s;
     return steps().empty() ? 0 : s / double(steps().size());
   }
+  // Tokens over time of the steps averaged (batches may differ in size).
+  double TokensPerSecond() const {
+    double tokens = 0, seconds = 0;
+    for (const auto& m : steps()) {
+      tokens += double(m.tokens);
+      seconds += m.step_s;
+    }
+    return seconds > 0 ? tokens / seconds : 0;
+  }
   distca::RankStepMetrics MeanRank(size_t r) const {
     distca::RankStepMetrics out;
     out.rank = static_cast<int>(r);
@@ -118,7 +130,7 @@ void PrintSummary(const RunSummary& run) {
   if (run.steps().empty()) return;
   fmt::print("\n{} summary over {} steps{}: mean step {:.3f} s, {} tok/s, final loss {:.4f}\n", run.mode,
              run.steps().size(), run.all_steps.size() > 1 ? " (after the warm-up step)" : "", run.MeanStep(),
-             Rate(double(run.steps().back().tokens) / run.MeanStep()), run.steps().back().loss);
+             Rate(run.TokensPerSecond()), run.steps().back().loss);
   fmt::print("{:>5} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10}\n", "rank", "tokens", "attn s", "linear s", "comm s",
              "wait s", "busy s", "peak RSS");
   for (size_t r = 0; r < run.steps().back().ranks.size(); ++r) {
@@ -284,6 +296,8 @@ int Run(int argc, char** argv) {
   s = distca::RunOnRanks(comm_options, [&](distca::Comm& comm) -> Status {
     const bool root = comm.rank() == 0;
     if (root) DISTCA_RETURN_IF_ERROR(open_log());
+    // --compare: CAD's options are refused before the colocated run, not after it.
+    for (const distca::TrainOptions& v : variants) DISTCA_RETURN_IF_ERROR(distca::CheckTrainOptions(comm, v));
     for (distca::TrainOptions v : variants) {
       // --compare trains the same batches both ways: with dedicated servers
       // CAD's batch is tokens per rank x its R - S data ranks, which

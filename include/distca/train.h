@@ -91,6 +91,9 @@ struct StepMetrics {
   std::vector<RankStepMetrics> ranks;  // complete on rank 0 only
 };
 
+// The checks Train makes of its options before anything else (a tool
+// running several configurations checks them all before the first).
+Status CheckTrainOptions(const Comm& comm, const TrainOptions& options);
 // Trains on this rank; every rank of `comm` calls it with the same options.
 // `on_step` runs on rank 0 after every step. Rank 0 writes checkpoints.
 Status Train(Comm& comm, const TrainOptions& options, const std::function<void(const StepMetrics&)>& on_step);
@@ -114,6 +117,10 @@ struct TrainState {
   uint64_t seed = 0;
   LrSchedule schedule;
 };
+// Whether SaveCheckpoint could write into DIR: DIR, or the nearest of its
+// parents that exists, is a writable directory. Creates nothing; Train
+// checks it on rank 0 before the first step.
+Status CheckCheckpointDirectory(const std::string& dir);
 Status SaveCheckpoint(const std::string& dir, const Transformer& model, const AdamW& optimizer,
                       const TrainState& state);
 // Loads DIR's latest checkpoint (or DIR itself when it holds state.json).

@@ -4,8 +4,11 @@
 
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
 
 #include <bit>
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -75,6 +78,22 @@ Status CheckTensors(const SafetensorsFile& file, const std::vector<ParamTensor>&
   bool step_ok = false;
   for (const auto& [k, val] : file.metadata) step_ok |= (k == "step" && val == std::to_string(step));
   if (!step_ok) return Status::InvalidArgument(fmt::format("{}: not from step {} of state.json", path, step));
+  return Status::Ok();
+}
+
+// SaveCheckpoint writes finite values only, and second moments (squares)
+// are never negative: anything else is a corrupt file, refused by name
+// rather than left to surface steps later as a non-finite loss.
+Status CheckTensorValues(const SafetensorsFile& file, const std::string& path) {
+  for (const auto& [name, e] : file.tensors) {
+    const bool second_moment = name.rfind("v.", 0) == 0;
+    for (size_t i = 0; i < e.values.size(); ++i) {
+      const float x = e.values[i];
+      if (!std::isfinite(x) || (second_moment && x < 0))
+        return Status::InvalidArgument(fmt::format("{}: tensor '{}' holds {} at element {}{}: a corrupt checkpoint",
+                                                   path, name, x, i, second_moment ? " (second moments are >= 0)" : ""));
+    }
+  }
   return Status::Ok();
 }
 
@@ -207,6 +226,27 @@ Status ReadSafetensors(const std::string& path, SafetensorsFile* file) {
   return Status::Ok();
 }
 
+Status CheckCheckpointDirectory(const std::string& dir) {
+  if (dir.empty()) return Status::InvalidArgument("the checkpoint directory is empty");
+  // The directory, or the nearest of its parents that exists (SaveCheckpoint
+  // creates the rest), must be a writable directory.
+  std::error_code ec;
+  fs::path p = fs::absolute(dir, ec);
+  if (ec) return Status::IoError(fmt::format("checkpoint directory '{}': {}", dir, ec.message()));
+  while (!fs::exists(fs::symlink_status(p, ec)) && p.has_relative_path()) p = p.parent_path();
+  if (!fs::is_directory(p, ec))
+    return Status::IoError(fmt::format("cannot create checkpoint directory '{}': '{}' is not a directory", dir,
+                                       p.string()));
+  // Creating (and removing) a directory there tests what saving does, where
+  // permission bits alone would not (root, read-only or virtual file systems).
+  std::string probe = (p / ".distca-probe-XXXXXX").string();
+  if (::mkdtemp(probe.data()) == nullptr)
+    return Status::IoError(fmt::format("cannot create checkpoint directory '{}': cannot write into '{}': {}", dir,
+                                       p.string(), std::strerror(errno)));
+  ::rmdir(probe.c_str());
+  return Status::Ok();
+}
+
 Status SaveCheckpoint(const std::string& dir, const Transformer& model, const AdamW& optimizer,
                       const TrainState& state) {
   // A checkpoint of non-finite values could only poison a resumed run.
@@ -329,6 +369,10 @@ Status LoadCheckpoint(const std::string& dir, Transformer* model, AdamW* optimiz
   if (optimizer_step != st.step)
     return Status::InvalidArgument(
         fmt::format("{}/state.json: optimizer_step {} is not the step {}", where, optimizer_step, st.step));
+  // One batch per step: the data stream is as far along as the steps.
+  if (st.data.step != st.step)
+    return Status::InvalidArgument(
+        fmt::format("{}/state.json: data step {} is not the step {}", where, st.data.step, st.step));
 
   // Everything is read and checked before the model or the optimizer is
   // touched; then the tensors are copied straight into them. The moments go
@@ -342,8 +386,10 @@ Status LoadCheckpoint(const std::string& dir, Transformer* model, AdamW* optimiz
   const std::string moments_path = where + "/optimizer.safetensors", weights_path = where + "/model.safetensors";
   DISTCA_RETURN_IF_ERROR(ReadSafetensors((ckpt / "optimizer.safetensors").string(), &moments));
   DISTCA_RETURN_IF_ERROR(CheckTensors(moments, layout, {"m.", "v."}, st.step, moments_path));
+  DISTCA_RETURN_IF_ERROR(CheckTensorValues(moments, moments_path));
   DISTCA_RETURN_IF_ERROR(ReadSafetensors((ckpt / "model.safetensors").string(), &weights));
   DISTCA_RETURN_IF_ERROR(CheckTensors(weights, layout, {""}, st.step, weights_path));
+  DISTCA_RETURN_IF_ERROR(CheckTensorValues(weights, weights_path));
   CopyTensors(weights, layout, "", model->params());
   CopyTensors(moments, layout, "m.", optimizer->m().data());
   CopyTensors(moments, layout, "v.", optimizer->v().data());

@@ -167,6 +167,24 @@ Status CheckOptions(const Comm& comm, const TrainOptions& o) {
   return Status::Ok();
 }
 
+// What a step's batch must hold: --tokens-per-rank x the data ranks when
+// given, at least one block per rank, and something to predict.
+Status CheckBatch(const std::vector<int64_t>& lengths, const TrainOptions& o, int data_ranks) {
+  int64_t tokens = 0, targets = 0;
+  for (int64_t len : lengths) {
+    tokens += len;
+    targets += len - 1;
+  }
+  if (o.tokens_per_rank > 0 && tokens != o.tokens_per_rank * data_ranks)
+    return Status::InvalidArgument(fmt::format("the batch holds {} tokens, not --tokens-per-rank {} x {} ranks",
+                                               tokens, o.tokens_per_rank, data_ranks));
+  if (tokens / data_ranks < o.block)
+    return Status::InvalidArgument(fmt::format("{} tokens over {} ranks is less than one block ({}) per rank", tokens,
+                                               data_ranks, o.block));
+  if (targets == 0) return Status::InvalidArgument("every document has one token; nothing to predict");
+  return Status::Ok();
+}
+
 // A run that cannot fit is refused before it allocates, rather than left to
 // the OOM killer. Per rank, at least: fp32 weights, gradients and AdamW's two
 // moments (16 bytes per parameter), and the activations the backward pass
@@ -290,6 +308,8 @@ std::string DescribeSchedule(const LrSchedule& s) {
                      s.decay_steps);
 }
 
+Status CheckTrainOptions(const Comm& comm, const TrainOptions& options) { return CheckOptions(comm, options); }
+
 Status Train(Comm& comm, const TrainOptions& options, const std::function<void(const StepMetrics&)>& on_step) {
   DISTCA_RETURN_IF_ERROR(CheckOptions(comm, options));
   const TrainOptions& o = options;
@@ -301,8 +321,17 @@ Status Train(Comm& comm, const TrainOptions& options, const std::function<void(c
   data.seed = o.seed;
   data.vocab_size = o.model.vocab_size;  // indexed ids are checked against it, synthetic ids drawn below it
   data.tokens_per_batch = o.tokens_per_rank * data_ranks;
+  DISTCA_RETURN_IF_ERROR(BatchStream::ReadInputFilesOnce(&data));
   std::unique_ptr<BatchStream> stream;
   DISTCA_RETURN_IF_ERROR(BatchStream::Open(data, &stream));
+  // Given batches are all checked now, not at the step that reaches one
+  // (after steps trained and maybe saved); other sources step by step.
+  for (size_t b = 0; b < data.batches.size(); ++b)
+    DISTCA_RETURN_IF_ERROR(CheckBatch(data.batches[b], o, data_ranks)
+                               .WithContext(fmt::format("{} batch {}", o.data.docs_file.empty() ? "the" : o.data.docs_file, b)));
+  // A save directory that cannot be written is found before the first step,
+  // not after the run has trained.
+  if (!o.save_dir.empty() && rank == 0) DISTCA_RETURN_IF_ERROR(CheckCheckpointDirectory(o.save_dir));
   if (stream->vocab_size() > o.model.vocab_size)
     return Status::InvalidArgument(fmt::format("the data's token ids go up to {} but the model's vocabulary is {}",
                                                stream->vocab_size() - 1, o.model.vocab_size));
@@ -356,19 +385,9 @@ Status Train(Comm& comm, const TrainOptions& options, const std::function<void(c
     DISTCA_RETURN_IF_ERROR(stream->Next(&batch).WithContext(fmt::format("step {}", step + 1)));
     const std::vector<int64_t> lengths = batch.lengths();
     const int64_t tokens = batch.tokens();
-    if (o.tokens_per_rank > 0 && tokens != o.tokens_per_rank * data_ranks)
-      return Status::InvalidArgument(
-          fmt::format("step {}: the batch holds {} tokens, not --tokens-per-rank {} x {} ranks", step + 1, tokens,
-                      o.tokens_per_rank, data_ranks));
-    if (tokens / data_ranks < o.block)
-      return Status::InvalidArgument(
-          fmt::format("step {}: {} tokens over {} ranks is less than one block ({}) per rank", step + 1, tokens,
-                      data_ranks, o.block));
+    DISTCA_RETURN_IF_ERROR(CheckBatch(lengths, o, data_ranks).WithContext(fmt::format("step {}", step + 1)));
     int64_t targets = 0;
     for (int64_t len : lengths) targets += len - 1;
-    if (targets == 0)
-      return Status::InvalidArgument(
-          fmt::format("step {}: every document has one token; nothing to predict", step + 1));
 
     StepPlans sp;
     DISTCA_RETURN_IF_ERROR(BuildStepPlans(lengths, o, data_ranks, &sp).WithContext(fmt::format("step {}", step + 1)));

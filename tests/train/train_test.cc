@@ -215,6 +215,8 @@ TEST(TrainTest, CheckpointRoundTripAndCorruption) {
                                                           "'step' must be a whole number"},
         {"\"seed\": 43", "\"seed\": -1", "'seed' must be a whole number >= 0, got -1"},
         {"\"optimizer_step\": 5", "\"optimizer_step\": 0", "optimizer_step 0 is not the step 5"},
+        // (the first "step" is the data position's: keys are sorted)
+        {"\"step\": 5", "\"step\": 4", "data step 4 is not the step 5"},
         {"\"cursor\": 4", "\"cursor\": true", "'cursor' must be a whole number"},
         {"\"decay_steps\": 40", "\"decay_stepz\": 40", "lacks 'decay_steps'"}}) {
     with(from, to);
@@ -222,6 +224,32 @@ TEST(TrainTest, CheckpointRoundTripAndCorruption) {
     EXPECT_NE(s.message().find(message), std::string::npos) << to << ": " << s.ToString();
   }
   with("\"step\": 5", "\"step\": 5");  // unchanged: loads
+  ASSERT_TRUE(LoadCheckpoint(dir, fresh.get(), &opt4, &st).ok());
+
+  // Values a save never writes are refused before anything is copied: a
+  // negative second moment, a non-finite weight.
+  std::vector<float> bad_v = opt.v(), bad_weights(model->params(), model->params() + model->size());
+  bad_v[7] = -1.0f;
+  bad_weights[2] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<NamedTensor> bad_moments, bad_model;
+  for (const ParamTensor& t : model->tensors()) {
+    bad_moments.push_back({"m." + t.name, t.shape, opt.m().data() + t.offset});
+    bad_moments.push_back({"v." + t.name, t.shape, bad_v.data() + t.offset});
+    bad_model.push_back({t.name, t.shape, bad_weights.data() + t.offset});
+  }
+  const std::vector<float> loaded(fresh->params(), fresh->params() + fresh->size());
+  ASSERT_EQ(model->tensors()[0].name, "embed");
+  ASSERT_TRUE(WriteSafetensors(moments, bad_moments, {{"step", "5"}}).ok());
+  s = LoadCheckpoint(dir, fresh.get(), &opt4, &st);
+  EXPECT_NE(s.message().find("tensor 'v.embed' holds -1 at element 7"), std::string::npos) << s.ToString();
+  ASSERT_TRUE(WriteSafetensors(moments, tensors, {{"step", "5"}}).ok());
+  const std::string good_weights = dir + "/step-00000005/model.safetensors.good";
+  std::filesystem::copy_file(weights, good_weights);
+  ASSERT_TRUE(WriteSafetensors(weights, bad_model, {{"step", "5"}}).ok());
+  s = LoadCheckpoint(dir, fresh.get(), &opt4, &st);
+  EXPECT_NE(s.message().find("tensor 'embed' holds nan at element 2"), std::string::npos) << s.ToString();
+  EXPECT_EQ(std::memcmp(loaded.data(), fresh->params(), sizeof(float) * loaded.size()), 0);
+  std::filesystem::rename(good_weights, weights);
   ASSERT_TRUE(LoadCheckpoint(dir, fresh.get(), &opt4, &st).ok());
 
   // Non-finite weights or moments are not saved.
