@@ -319,8 +319,12 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
     std::vector<double> tick_tokens(total_ranks, 0.0);
     for (const NanoCost& c : costs)
       for (int r = 0; r < total_ranks; ++r) tick_tokens[r] += c.tokens[r];
+    // The tick ends with the active stages' messages to the next stage
+    // (backward: the previous one, the stages mirrored); a tick whose only
+    // active stage is the last sends none.
+    const bool sends = std::any_of(active.begin(), active.end(), [&](int s) { return s < P - 1; });
     const double p2p =
-        P > 1 ? k.PointToPoint(*std::max_element(tick_tokens.begin(), tick_tokens.end()) * k.HiddenBytesPerToken(),
+        sends ? k.PointToPoint(*std::max_element(tick_tokens.begin(), tick_tokens.end()) * k.HiddenBytesPerToken(),
                                ctx.pipeline_inter_node)
               : 0.0;
 
@@ -339,7 +343,8 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
       const RankCosts::LinearSplit dummy = k.LinearPass(rank_tokens, pass == 1);
       using PerRank = std::vector<double>;
       std::vector<PerRank> before(nn, PerRank(total_ranks, 0.0)), after = before, ca = before, dispatch = before,
-                                                                  back = before;
+                                                                  back = before, dummy_before = before,
+                                                                  dummy_after = before;
       std::vector<double> compute(total_ranks, 0.0);
       double linear_sum = 0, attention_sum = 0;
       for (size_t n = 0; n < nn; ++n) {
@@ -355,10 +360,10 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
           linear_sum += own.before + own.after;
           if (variant.dummy_bubble_work && r % stride < G &&
               std::find(idle.begin(), idle.end(), r / stride) != idle.end()) {
-            before[n][r] += dummy.before / double(nn);
-            after[n][r] += dummy.after / double(nn);
+            dummy_before[n][r] = dummy.before / double(nn);
+            dummy_after[n][r] = dummy.after / double(nn);
           }
-          const double lin = before[n][r] + after[n][r];
+          const double lin = before[n][r] + after[n][r] + dummy_before[n][r] + dummy_after[n][r];
           ca[n][r] = pass == 0 ? c.attention[r] : c.attention_backward[r];
           attention_sum += ca[n][r];
           compute[r] += lin + ca[n][r];
@@ -375,18 +380,23 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
       }
       // The stage's pass over its layers: each phase lasts as long as its
       // slowest rank and runs `times` times; busy time of every rank.
+      // seconds_of(r, dummy) is rank r's time in the phase, with or without
+      // distca-paper's dummy work: that work takes time, but its results are
+      // thrown away, so it counts as waiting (idle), not as busy.
       const int layers = ctx.stage_layers;
       double pass_s = 0;
       auto phase = [&](int times, auto&& seconds_of) {
         if (times <= 0) return;
         double slowest = 0;
         for (int r = 0; r < total_ranks; ++r) {
-          const double t = seconds_of(r);
-          slowest = std::max(slowest, t);
-          o.busy_s[r] += times * t;
+          slowest = std::max(slowest, seconds_of(r, true));
+          o.busy_s[r] += times * seconds_of(r, false);
         }
         pass_s += times * slowest;
       };
+      // Linear work before / after core attention, with the dummy work or not.
+      const auto pre = [&](size_t n, int r, bool with) { return before[n][r] + (with ? dummy_before[n][r] : 0.0); };
+      const auto post = [&](size_t n, int r, bool with) { return after[n][r] + (with ? dummy_after[n][r] : 0.0); };
       if (overlap) {
         // Ping-pong (DistCA's Figure 7): each transfer of one nano-batch runs
         // under the other's compute. Steady state, layer l: nano 1's linear
@@ -399,22 +409,22 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
         // layer nano 0's dispatch has only nano 1's work before attention to
         // hide under; in the last layer nano 1's return has only nano 0's work
         // after attention, and nano 1's closes the pass, alone.
-        phase(1, [&](int r) { return before[0][r]; });
-        phase(1, [&](int r) { return std::max(before[1][r], dispatch[0][r]); });
-        phase(layers - 1, [&](int r) { return std::max(after[1][r] + before[1][r], dispatch[0][r]); });
-        phase(layers, [&](int r) { return std::max(ca[0][r], dispatch[1][r]); });
-        phase(layers, [&](int r) { return std::max(ca[1][r], back[0][r]); });
-        phase(layers - 1, [&](int r) { return std::max(after[0][r] + before[0][r], back[1][r]); });
-        phase(1, [&](int r) { return std::max(after[0][r], back[1][r]); });
-        phase(1, [&](int r) { return after[1][r]; });
+        phase(1, [&](int r, bool d) { return pre(0, r, d); });
+        phase(1, [&](int r, bool d) { return std::max(pre(1, r, d), dispatch[0][r]); });
+        phase(layers - 1, [&](int r, bool d) { return std::max(post(1, r, d) + pre(1, r, d), dispatch[0][r]); });
+        phase(layers, [&](int r, bool) { return std::max(ca[0][r], dispatch[1][r]); });
+        phase(layers, [&](int r, bool) { return std::max(ca[1][r], back[0][r]); });
+        phase(layers - 1, [&](int r, bool d) { return std::max(post(0, r, d) + pre(0, r, d), back[1][r]); });
+        phase(1, [&](int r, bool d) { return std::max(post(0, r, d), back[1][r]); });
+        phase(1, [&](int r, bool d) { return post(1, r, d); });
       } else {
         // One plan (or nano-batches back to back): nothing overlaps.
         for (size_t n = 0; n < nn; ++n) {
-          phase(layers, [&](int r) { return before[n][r]; });
-          phase(layers, [&](int r) { return dispatch[n][r]; });
-          phase(layers, [&](int r) { return ca[n][r]; });
-          phase(layers, [&](int r) { return back[n][r]; });
-          phase(layers, [&](int r) { return after[n][r]; });
+          phase(layers, [&](int r, bool d) { return pre(n, r, d); });
+          phase(layers, [&](int r, bool) { return dispatch[n][r]; });
+          phase(layers, [&](int r, bool) { return ca[n][r]; });
+          phase(layers, [&](int r, bool) { return back[n][r]; });
+          phase(layers, [&](int r, bool d) { return post(n, r, d); });
         }
       }
       const double max_compute = *std::max_element(compute.begin(), compute.end());

@@ -26,7 +26,8 @@ struct SimContext {
   // Some stage's ranks span nodes (its devices do not all sit on one node):
   // the gradient sync runs at the inter-node bandwidth.
   bool stage_inter_node = false;
-  // The pipeline spans nodes: stage-to-stage messages cross them.
+  // Some stage-to-stage message crosses nodes (every boundary's messages
+  // are then costed at the inter-node link: the slowest sets the tick).
   bool pipeline_inter_node = false;
   // Some CP group of c ranks (consecutive ranks of a stage) spans nodes: the
   // baselines' rings run at the inter-node bandwidth (every replica waits for

@@ -989,18 +989,21 @@ TEST(PipelineStrategiesTest, OneFOneBAgainstAlignedTicks) {
   const double one_f_one_b = a + 2 * p2p + 2 * (a + p.head + c + 2 * p.head) + c;
   const SimResult mega = SimulateOne(o, {{1024, 1024}}, SimStrategy::kMegatron);
   EXPECT_NEAR(mega.iteration_s, one_f_one_b, one_f_one_b * kRel);
-  // Aligned: 3 forward and 3 backward ticks, each one layer plus a p2p; the
-  // head runs in the 2 ticks of each pass where the last stage is busy.
-  const double aligned = 3 * (a + p2p) + 3 * (c + p2p) + 2 * (p.head + 2 * p.head);
+  // Aligned: 3 forward and 3 backward ticks of one layer each; the head runs
+  // in the 2 ticks of each pass where the last stage is busy, and a p2p ends
+  // the 2 where stage 0 is (forward: it sends; backward, mirrored: it
+  // receives), not the one where only the last stage works.
+  const double aligned = 3 * a + 3 * c + 2 * 2 * p2p + 2 * (p.head + 2 * p.head);
   const SimResult distca = SimulateOne(o, {{1024, 1024}}, SimStrategy::kDistca);
   const SimResult paper = SimulateOne(o, {{1024, 1024}}, SimStrategy::kDistcaPaper);
   EXPECT_NEAR(distca.iteration_s, aligned, aligned * kRel);
   EXPECT_NEAR(paper.iteration_s, aligned, aligned * kRel);
-  // The paper's bubbles run dummy linear work: busier, not faster. Two
-  // forward ticks (0 and 2) and two backward ones have an idle stage, whose
-  // rank runs one layer of a wave's 1024 tokens: 2 x lin + 2 x 2 lin of
-  // busy time more over the 2 ranks, so idle falls by 3 lin / iteration.
-  EXPECT_NEAR(distca.idle_fraction - paper.idle_fraction, 3 * p.lin / aligned, 1e-12);
+  // The paper's bubbles run dummy linear work (two forward ticks, 0 and 2,
+  // and two backward ones have an idle stage, whose rank runs one layer of
+  // a wave's 1024 tokens), neither faster nor busier: its results are
+  // thrown away, so it counts as idle.
+  EXPECT_NEAR(paper.idle_fraction, distca.idle_fraction, 1e-12);
+  EXPECT_GT(paper.idle_fraction, 0.1);
   // Memory per device (tp 2): each stage holds half the weights (the
   // optimizer unsharded, G = 1); stage 0 the activations of both
   // micro-batches in flight, stage 1 one micro-batch's and its logits (256 x
