@@ -129,12 +129,11 @@ SimContext::SimContext(const SimOptions& o) : options(o), costs(o.model, o.hardw
   optimizer_shards = o.distributed_optimizer ? stage_ranks : 1;
   for (int s = 0; s < o.pp; ++s)
     stage_inter_node |= SpansNodes(int64_t{s} * stage_ranks * o.tp, int64_t{stage_ranks} * o.tp);
-  // Device d of stage s sends to device d + G tp of stage s + 1: on another
-  // node for some d when a stage is a node or more, or for a boundary that
-  // splits a node's stages (stages smaller than a node can share one).
-  const int64_t stage_devices = int64_t{stage_ranks} * o.tp, node = o.hardware.gpus_per_node;
-  for (int64_t d = 0; d + stage_devices < o.gpus && !pipeline_inter_node; ++d)
-    pipeline_inter_node = d / node != (d + stage_devices) / node;
+  // Device d sends to device d + G tp of the next stage. Some such pair
+  // straddles a node boundary exactly when the pipeline spans more than one
+  // node, even where stages are smaller than a node and some boundaries
+  // stay inside one: a tick waits for its slowest message.
+  pipeline_inter_node = o.pp > 1 && o.gpus > o.hardware.gpus_per_node;
   cp_inter_node_.assign(stage_ranks + 1, 0);
   for (int c = 1; c <= stage_ranks; ++c) {
     if (stage_ranks % c != 0) continue;

@@ -1236,6 +1236,18 @@ TEST(SimulateTest, GroupsThatStraddleNodesRunOnTheInterNodeLink) {
   EXPECT_FALSE(piped.CpInterNode(1));
   EXPECT_TRUE(piped.CpInterNode(3));  // stage 1's group
   EXPECT_TRUE(piped.stage_inter_node);
+  EXPECT_TRUE(piped.pipeline_inter_node);  // device 1 (node 0) sends to device 4 (node 1)
+  // Stages of 2 devices on 4-device nodes: stages 0-1 share node 0 and 2-3
+  // node 1, but the boundary between stages 1 and 2 crosses, and the tick
+  // waits for its message.
+  o.gpus = 8;
+  o.pp = 4;
+  EXPECT_TRUE(sim::SimContext(o).pipeline_inter_node);
+  o.gpus = 4;
+  o.pp = 2;
+  EXPECT_FALSE(sim::SimContext(o).pipeline_inter_node);  // one node
+  o.gpus = 6;
+  o.pp = 2;
   o.gpus = 4;
   o.pp = 1;
   const sim::SimContext one_node(o);
