@@ -342,9 +342,8 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
       // layers, split over the nano-batches.
       const RankCosts::LinearSplit dummy = k.LinearPass(rank_tokens, pass == 1);
       using PerRank = std::vector<double>;
-      std::vector<PerRank> before(nn, PerRank(total_ranks, 0.0)), after = before, ca = before, dispatch = before,
-                                                                  back = before, dummy_before = before,
-                                                                  dummy_after = before;
+      std::vector<PerRank> before(nn, PerRank(total_ranks, 0.0)),
+          after = before, ca = before, dispatch = before, back = before, dummy_before = before, dummy_after = before;
       std::vector<double> compute(total_ranks, 0.0);
       double linear_sum = 0, attention_sum = 0;
       for (size_t n = 0; n < nn; ++n) {

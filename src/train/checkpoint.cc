@@ -91,7 +91,8 @@ Status CheckTensorValues(const SafetensorsFile& file, const std::string& path) {
       const float x = e.values[i];
       if (!std::isfinite(x) || (second_moment && x < 0))
         return Status::InvalidArgument(fmt::format("{}: tensor '{}' holds {} at element {}{}: a corrupt checkpoint",
-                                                   path, name, x, i, second_moment ? " (second moments are >= 0)" : ""));
+                                                   path, name, x, i,
+                                                   second_moment ? " (second moments are >= 0)" : ""));
     }
   }
   return Status::Ok();
@@ -235,8 +236,8 @@ Status CheckCheckpointDirectory(const std::string& dir) {
   if (ec) return Status::IoError(fmt::format("checkpoint directory '{}': {}", dir, ec.message()));
   while (!fs::exists(fs::symlink_status(p, ec)) && p.has_relative_path()) p = p.parent_path();
   if (!fs::is_directory(p, ec))
-    return Status::IoError(fmt::format("cannot create checkpoint directory '{}': '{}' is not a directory", dir,
-                                       p.string()));
+    return Status::IoError(
+        fmt::format("cannot create checkpoint directory '{}': '{}' is not a directory", dir, p.string()));
   // Creating (and removing) a directory there tests what saving does, where
   // permission bits alone would not (root, read-only or virtual file systems).
   std::string probe = (p / ".distca-probe-XXXXXX").string();

@@ -176,11 +176,11 @@ Status CheckBatch(const std::vector<int64_t>& lengths, const TrainOptions& o, in
     targets += len - 1;
   }
   if (o.tokens_per_rank > 0 && tokens != o.tokens_per_rank * data_ranks)
-    return Status::InvalidArgument(fmt::format("the batch holds {} tokens, not --tokens-per-rank {} x {} ranks",
-                                               tokens, o.tokens_per_rank, data_ranks));
+    return Status::InvalidArgument(fmt::format("the batch holds {} tokens, not --tokens-per-rank {} x {} ranks", tokens,
+                                               o.tokens_per_rank, data_ranks));
   if (tokens / data_ranks < o.block)
-    return Status::InvalidArgument(fmt::format("{} tokens over {} ranks is less than one block ({}) per rank", tokens,
-                                               data_ranks, o.block));
+    return Status::InvalidArgument(
+        fmt::format("{} tokens over {} ranks is less than one block ({}) per rank", tokens, data_ranks, o.block));
   if (targets == 0) return Status::InvalidArgument("every document has one token; nothing to predict");
   return Status::Ok();
 }
@@ -328,7 +328,9 @@ Status Train(Comm& comm, const TrainOptions& options, const std::function<void(c
   // (after steps trained and maybe saved); other sources step by step.
   for (size_t b = 0; b < data.batches.size(); ++b)
     DISTCA_RETURN_IF_ERROR(CheckBatch(data.batches[b], o, data_ranks)
-                               .WithContext(fmt::format("{} batch {}", o.data.docs_file.empty() ? "the" : o.data.docs_file, b)));
+                               .WithContext(o.data.docs_file.empty()
+                                                ? fmt::format("batch {}", b)
+                                                : fmt::format("{} batch {}", o.data.docs_file, b)));
   // A save directory that cannot be written is found before the first step,
   // not after the run has trained.
   if (!o.save_dir.empty() && rank == 0) DISTCA_RETURN_IF_ERROR(CheckCheckpointDirectory(o.save_dir));
