@@ -13,6 +13,7 @@
 #include "bench/gemm_rate.h"
 #include "common/cpu_features.h"
 #include "common/file_util.h"
+#include "common/memory_info.h"
 #include "common/timer.h"
 
 namespace distca::bench {
@@ -114,16 +115,17 @@ double BestSeconds(Fn&& fn, double min_seconds) {
   return best;
 }
 
-// Runs the kernel and the reference on a small batch of the case's head shape
-// and checks that they agree, so that no figure comes from a broken kernel.
-bool Validate(const Case& c, AttentionKernel kernel, std::string* error) {
+// Runs the kernel (on `threads` threads) and the reference on a small batch
+// of the case's head shape and checks that they agree, so that no figure
+// comes from a broken kernel.
+bool Validate(const Case& c, AttentionKernel kernel, int threads, std::string* error) {
   Case small = c;
   small.shards = true;
   small.shard_len = 100;
   small.context_len = 700;
   Workload w = MakeWorkload(small, 100000, 99);
   Workload ref = w;
-  const AttentionExec fast{kernel, 2}, oracle{AttentionKernel::kReference, 1};
+  const AttentionExec fast{kernel, threads}, oracle{AttentionKernel::kReference, 1};
   for (Status s : {Forward(w, fast), Backward(w, fast), Forward(ref, oracle), Backward(ref, oracle)}) {
     if (!s.ok()) {
       *error = s.ToString();
@@ -137,8 +139,8 @@ bool Validate(const Case& c, AttentionKernel kernel, std::string* error) {
   for (auto [a, b] : pairs) {
     for (size_t i = 0; i < a->size(); ++i) {
       if (!(std::abs((*a)[i] - (*b)[i]) <= 1e-3f * (1.0f + std::abs((*b)[i])))) {
-        *error = fmt::format("kernel {} disagrees with the reference ({} vs {}) for heads {}x{}",
-                             AttentionKernelName(kernel), (*a)[i], (*b)[i], c.q_heads, c.kv_heads);
+        *error = fmt::format("kernel {} on {} thread(s) disagrees with the reference ({} vs {}) for heads {}x{} of {}",
+                             AttentionKernelName(kernel), threads, (*a)[i], (*b)[i], c.q_heads, c.kv_heads, c.head_dim);
         return false;
       }
     }
@@ -192,6 +194,44 @@ bool CheckOptions(const AttentionBenchOptions& o, std::string* error) {
   return true;
 }
 
+// The table's cells: query rows x K/V prefixes (those with kv >= q).
+std::vector<int64_t> TableQLens(bool short_mode) {
+  return short_mode ? std::vector<int64_t>{128, 512} : std::vector<int64_t>{128, 256, 512, 1024, 2048, 4096};
+}
+std::vector<int64_t> TableKvLens(bool short_mode) {
+  return short_mode ? std::vector<int64_t>{512, 2048} : std::vector<int64_t>{128, 512, 2048, 8192, 32768};
+}
+// Identical tasks (sharing one K/V prefix) measured together in a cell:
+// enough for a measurable call.
+int64_t TableCellTasks(int64_t q, int64_t kv) {
+  return std::max<int64_t>(1, (int64_t{1} << 22) / AttentionPairs(std::vector<AttentionTask>{{0, q, 0, kv}}, true));
+}
+// The floats a cell's tensors hold (AllocateTensors), in bytes.
+double TableCellBytes(const AttentionBenchOptions& o, int64_t q, int64_t kv) {
+  const double rows = double(TableCellTasks(q, kv)) * double(q);
+  const double qn = rows * o.q_heads * o.head_dim, kn = double(kv) * o.kv_heads * o.head_dim;
+  return sizeof(float) * (4 * qn + rows * o.q_heads + 4 * kn);
+}
+
+// A head shape whose largest cell would not fit in half this machine's memory
+// is refused before anything is measured (it would end in the OOM killer or
+// a bare allocation failure).
+bool CheckTableMemory(const AttentionBenchOptions& o, std::string* error) {
+  const double limit = PhysicalMemoryBytes() / 2;  // 0 (unknown): no check
+  double need = 0;
+  for (int64_t q : TableQLens(o.short_mode))
+    for (int64_t kv : TableKvLens(o.short_mode))
+      if (kv >= q) need = std::max(need, TableCellBytes(o, q, kv));
+  if (limit > 0 && need > limit) {
+    *error = fmt::format(
+        "--q-heads {} --kv-heads {} --head-dim {}: the table's largest cell holds {:.3g} GB of tensors, more than "
+        "half this machine's memory ({:.3g} GB)",
+        o.q_heads, o.kv_heads, o.head_dim, need * 1e-9, limit * 2e-9);
+    return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 std::string ForwardTablePath(const std::string& table_path) {
@@ -203,12 +243,11 @@ std::string ForwardTablePath(const std::string& table_path) {
 
 bool MeasureAttentionCostTable(const AttentionBenchOptions& o, std::string* csv_out, std::string* forward_csv_out,
                                std::string* error) {
-  if (!CheckOptions(o, error)) return false;
+  if (!CheckOptions(o, error) || !CheckTableMemory(o, error)) return false;
   const AttentionKernel kernel = ResolveAttentionKernel(o.kernel);
-  const std::vector<int64_t> q_lens =
-      o.short_mode ? std::vector<int64_t>{128, 512} : std::vector<int64_t>{128, 256, 512, 1024, 2048, 4096};
-  const std::vector<int64_t> kv_lens =
-      o.short_mode ? std::vector<int64_t>{512, 2048} : std::vector<int64_t>{128, 512, 2048, 8192, 32768};
+  // The table is timed on one thread: the kernel is checked there first.
+  if (!Validate({.q_heads = o.q_heads, .kv_heads = o.kv_heads, .head_dim = o.head_dim}, kernel, 1, error)) return false;
+  const std::vector<int64_t> q_lens = TableQLens(o.short_mode), kv_lens = TableKvLens(o.short_mode);
   const double min_seconds = o.min_seconds > 0 ? o.min_seconds : (o.short_mode ? 0.02 : 0.2);
   const auto header = [&](const char* what) {
     return fmt::format(
@@ -223,8 +262,7 @@ bool MeasureAttentionCostTable(const AttentionBenchOptions& o, std::string* csv_
       // Enough identical tasks (sharing one K/V prefix) for a measurable call.
       Workload w;
       w.shape = {.total_q = 0, .total_k = kv, .q_heads = o.q_heads, .kv_heads = o.kv_heads, .head_dim = o.head_dim};
-      const int64_t tasks =
-          std::max<int64_t>(1, (int64_t{1} << 22) / AttentionPairs(std::vector<AttentionTask>{{0, q, 0, kv}}, true));
+      const int64_t tasks = TableCellTasks(q, kv);
       for (int64_t t = 0; t < tasks; ++t) w.tasks.push_back({t * q, q, 0, kv});
       w.shape.total_q = tasks * q;
       AllocateTensors(&w, 1);
@@ -274,10 +312,13 @@ bool RunAttentionBench(const AttentionBenchOptions& o, std::string* error) {
   const int64_t target_pairs = o.short_mode ? (int64_t{4} << 20) : (int64_t{32} << 20);
   const std::vector<Case> cases = MakeCases(o.short_mode);
 
+  // Every head shape at every thread count the run times.
   std::map<std::pair<int, int>, bool> validated;
   for (const Case& c : cases) {
     auto key = std::pair{c.q_heads, c.kv_heads};
-    if (!validated[key] && !Validate(c, kernel, error)) return false;
+    if (!validated[key])
+      for (int t : o.threads)
+        if (!Validate(c, kernel, t, error)) return false;
     validated[key] = true;
   }
 

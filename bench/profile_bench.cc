@@ -15,6 +15,7 @@
 
 #include "bench/attention_bench.h"
 #include "bench/gemm_rate.h"
+#include "bench/median.h"
 #include "bench/train_bench.h"
 #include "common/file_util.h"
 #include "common/memory_info.h"
@@ -41,19 +42,21 @@ Status HalfRoundTrip(Comm& comm, int64_t bytes, int reps, double* seconds) {
     }
     if (i > 0) times.push_back(t.Seconds() / 2);
   }
-  std::sort(times.begin(), times.end());
-  *seconds = times.empty() ? 0.0 : times[times.size() / 2];
+  *seconds = times.empty() ? 0.0 : Median(times);
   return Status::Ok();
 }
 
 // Rank 0 runs `measure` alone while the other ranks sleep (an MPI barrier
 // would spin and take a core, or a hyperthread's share of one, from it). A
 // failure on rank 0 is returned there and aborts the job (RunOnRanks), which
-// also ends the others' wait, so the job reports rank 0's own error.
+// also ends the others' wait, so the job reports rank 0's own error. Thread
+// ranks wait in a barrier without the message timeout (a condition variable:
+// no core taken), however long the measurement; MPI has no timeout.
 Status AloneOnRankZero(Comm& comm, const std::function<Status()>& measure) {
+  if (comm.rank() == 0) DISTCA_RETURN_IF_ERROR(measure());
+  if (std::string_view(comm.backend()) == "local") return comm.BarrierAfterLongWork();
   int32_t done_flag = 1;
   if (comm.rank() == 0) {
-    DISTCA_RETURN_IF_ERROR(measure());
     for (int r = 1; r < comm.size(); ++r) DISTCA_RETURN_IF_ERROR(comm.Send(&done_flag, sizeof done_flag, r, 8));
     return Status::Ok();
   }
@@ -116,6 +119,8 @@ bool RunProfileBench(const ProfileBenchOptions& o, std::string* error) {
     base.threads = 1;
     base.tokens_per_rank = tokens_per_rank;
     const ModelConfig& m = base.model;
+    // A model or batch that cannot fit is refused now, not after minutes.
+    DISTCA_RETURN_IF_ERROR(CheckTrainOptions(comm, base));
 
     // 1. Rank 0 alone: the GEMM peak and the CA engine's table, one thread.
     HardwareProfile p;

@@ -91,8 +91,9 @@ struct StepMetrics {
   std::vector<RankStepMetrics> ranks;  // complete on rank 0 only
 };
 
-// The checks Train makes of its options before anything else (a tool
-// running several configurations checks them all before the first).
+// The checks Train makes of its options before anything else and, with
+// tokens_per_rank set, its memory check (a tool running several
+// configurations, or measuring before it trains, checks them first).
 Status CheckTrainOptions(const Comm& comm, const TrainOptions& options);
 // Trains on this rank; every rank of `comm` calls it with the same options.
 // `on_step` runs on rank 0 after every step. Rank 0 writes checkpoints.

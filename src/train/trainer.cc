@@ -308,7 +308,12 @@ std::string DescribeSchedule(const LrSchedule& s) {
                      s.decay_steps);
 }
 
-Status CheckTrainOptions(const Comm& comm, const TrainOptions& options) { return CheckOptions(comm, options); }
+Status CheckTrainOptions(const Comm& comm, const TrainOptions& options) {
+  DISTCA_RETURN_IF_ERROR(CheckOptions(comm, options));
+  // A fixed batch size needs no data to check memory.
+  if (options.tokens_per_rank > 0) DISTCA_RETURN_IF_ERROR(CheckMemory(comm, options, options.tokens_per_rank));
+  return Status::Ok();
+}
 
 Status Train(Comm& comm, const TrainOptions& options, const std::function<void(const StepMetrics&)>& on_step) {
   DISTCA_RETURN_IF_ERROR(CheckOptions(comm, options));
