@@ -83,6 +83,16 @@ int main(int argc, char** argv) {
   profiler->add_option("--ranks", profile.local_ranks, "local ranks when not under mpirun (Default: 2)")
       ->check(distca::cli::kPositive);
 
+  // A word that names no subcommand is named as such (CLI11 would only say
+  // that a subcommand is required).
+  bool known = false;
+  for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
+    known |= argc > 1 && sub->get_name() == argv[1];
+  if (argc > 1 && argv[1][0] != '-' && !known) {
+    std::fprintf(stderr, "distca-bench: unknown subcommand '%s': use attention, plan, dispatch, train or profile\n",
+                 argv[1]);
+    return 2;
+  }
   if (int rc = 0; !distca::cli::Parse(app, argc, argv, &rc)) return rc;
   // Flags the chosen mode ignores are refused, as the tools do.
   if (attention->parsed()) {
