@@ -198,7 +198,7 @@ int RunGrid(const Args& a, const std::vector<int64_t>& pool, const std::vector<d
     if (!s.ok()) return Fail(fmt::format("{}: {}", p.Label(), s.message()));
     std::string line = fmt::format("{:<14}", p.Label());
     for (const SimResult& r : results) {
-      csv += distca::GridCsvRow(p, r, o.wlb_scope);
+      csv += distca::GridCsvRow(p, r, o);
       line += fmt::format("  {} {:.3f}s {}", distca::SimStrategyName(r.strategy), r.iteration_s,
                           r.speedup > 0 ? fmt::format("{:.3f}x", r.speedup) : "-");
     }

@@ -402,8 +402,10 @@ Status PaperGrid(std::string_view dims, std::vector<GridPoint>* points, const Gr
 
 // One CSV row per (grid point, strategy); the header names every column.
 std::string GridCsvHeader();
-// wlb_scope: SimOptions::wlb_scope of the run (a column of its own).
-std::string GridCsvRow(const GridPoint& point, const SimResult& result, WlbScope wlb_scope);
+// run: the point's SimOptions, whose run-wide settings (wlb_scope, ping_pong,
+// wire, comm_budget, tolerance, servers, gradient sync, optimizer sharding)
+// are columns of their own.
+std::string GridCsvRow(const GridPoint& point, const SimResult& result, const SimOptions& run);
 // A gnuplot script drawing speedup-over-wlb-ideal bars per configuration, one
 // bar per strategy (like the paper's Figures 9 and 10), from a CSV written
 // with GridCsvHeader/GridCsvRow, into a PNG.

@@ -67,18 +67,18 @@ Status EfficiencyCurveFromTable(std::string_view csv, double peak_flops, int q_h
   if (curve == nullptr) return Status::InvalidArgument("curve is null");
   if (!(peak_flops > 0) || q_heads <= 0 || head_dim <= 0 || !(backward_factor >= 1))
     return Status::InvalidArgument("peak_flops, q_heads and head_dim must be positive, backward_factor >= 1");
-  CostModel check;
-  DISTCA_RETURN_IF_ERROR(CostModel::FromTableCsv(std::string(csv), &check));
+  CostModel table;
+  DISTCA_RETURN_IF_ERROR(CostModel::FromTableCsv(std::string(csv), &table));
   curve->clear();
-  for (std::string_view rest = csv; !rest.empty();) {
-    const size_t eol = rest.find('\n');
-    const std::string line(rest.substr(0, eol));
-    rest = eol == std::string_view::npos ? std::string_view() : rest.substr(eol + 1);
-    long long q = 0, kv = 0;
-    double seconds = 0;
-    if (std::sscanf(line.c_str(), "%lld,%lld,%lf", &q, &kv, &seconds) != 3 || q != kv) continue;
-    const double flops = (1 + backward_factor) * 4.0 * double(CausalPairs(0, q)) * head_dim * q_heads;
-    curve->emplace_back(double(q), std::min(1.0, flops / (peak_flops * seconds)));
+  // The grid's whole-document cells (q_len == kv_len), as the table parsed
+  // them (any number format it takes).
+  const std::vector<double>&qs = table.q_grid(), &kvs = table.kv_grid();
+  for (size_t qi = 0; qi < qs.size(); ++qi) {
+    const auto kv = std::find(kvs.begin(), kvs.end(), qs[qi]);
+    if (kv == kvs.end()) continue;
+    const double q = qs[qi], seconds = table.grid_seconds()[qi * kvs.size() + size_t(kv - kvs.begin())];
+    const double flops = (1 + backward_factor) * 4.0 * (0.5 * q * (q + 1)) * head_dim * q_heads;
+    curve->emplace_back(q, std::min(1.0, flops / (peak_flops * seconds)));
   }
   if (curve->empty()) return Status::InvalidArgument("the table has no whole-document (q_len == kv_len) task");
   std::sort(curve->begin(), curve->end());

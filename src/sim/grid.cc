@@ -86,18 +86,21 @@ Status PaperGrid(std::string_view dims, std::vector<GridPoint>* points, const Gr
 std::string GridCsvHeader() {
   return "config,model,gpus,tp,pp,max_doc_len,batch_size,strategy,iteration_s,tokens_per_s,speedup,"
          "idle_fraction,memory_max_gb,memory_mean_gb,memory_fits,bytes_moved_gb,max_buffer_gb,cp,tolerance_used,"
-         "micro_batches,recompute_mlp,wlb_scope,grad_sync_s\n";
+         "micro_batches,recompute_mlp,wlb_scope,grad_sync_s,ping_pong,wire,comm_budget,tolerance,servers,"
+         "grad_sync,distributed_optimizer\n";
 }
 
-std::string GridCsvRow(const GridPoint& p, const SimResult& r, WlbScope wlb_scope) {
+std::string GridCsvRow(const GridPoint& p, const SimResult& r, const SimOptions& run) {
   return fmt::format(
       "{},{},{},{},{},{},{},{},{:.6f},{:.1f},{},{:.4f},{:.3f},{:.3f},{},{:.3f},{:.4f},{},{:.3f},"
-      "{},{},{},{:.6f}\n",
+      "{},{},{},{:.6f},{},{},{},{},{},{},{}\n",
       p.Label(), p.model, p.gpus, p.tp, p.pp, p.max_doc_len, p.batch_size, SimStrategyName(r.strategy), r.iteration_s,
       r.tokens_per_s, r.speedup > 0 ? fmt::format("{:.4f}", r.speedup) : std::string(), r.idle_fraction,
       r.memory_max_bytes * 1e-9, r.memory_mean_bytes * 1e-9, r.memory_fits ? 1 : 0, r.bytes_moved * 1e-9,
       r.max_buffer_bytes * 1e-9, r.cp, r.tolerance_used, p.micro_batches, p.recompute_mlp ? 1 : 0,
-      WlbScopeName(wlb_scope), r.grad_sync_s);
+      WlbScopeName(run.wlb_scope), r.grad_sync_s, run.ping_pong ? 1 : 0,
+      run.cad_wire ? PlanWireName(*run.cad_wire) : "default", run.comm_budget, run.tolerance, run.dedicated_servers,
+      run.grad_sync ? 1 : 0, run.distributed_optimizer ? 1 : 0);
 }
 
 std::string SpeedupPlotScript(const std::string& csv_path, const std::string& png_path, const std::string& title,
@@ -115,7 +118,7 @@ std::string SpeedupPlotScript(const std::string& csv_path, const std::string& pn
   }
   return fmt::format(
       "set datafile separator ','\n"
-      "set terminal png size 1600,640\n"
+      "set terminal pngcairo size 1600,640\n"
       "set output {}\n"
       "set title {}\n"
       "set style data histograms\n"
@@ -124,11 +127,15 @@ std::string SpeedupPlotScript(const std::string& csv_path, const std::string& pn
       "set boxwidth 0.9\n"
       "set ylabel 'speedup over wlb-ideal'\n"
       "set xtics rotate by -60 font ',9'\n"
-      "set yrange [0.6:*]\n"
+      // From 0.6 (bars differ by a few percent), or lower when a bar is:
+      // a bar below the range would not be drawn at all.
+      "stats {} skip 1 using 11 nooutput\n"
+      "set yrange [(STATS_min < 0.6 ? floor(STATS_min * 10) / 10.0 : 0.6):(STATS_max > 1.0 ? STATS_max * 1.02 : "
+      "1.05)]\n"
       "set grid ytics\n"
-      "set key top left\n"
+      "set key above\n"
       "plot {}, \\\n     1 with lines dashtype 2 linecolor rgb 'black' notitle\n",
-      Quoted(png_path), Quoted(title), plots);
+      Quoted(png_path), Quoted(title), Quoted(csv_path), plots);
 }
 
 std::string ToleranceCsvHeader() { return "eps,strategy,iteration_s,max_buffer_gb,bytes_moved_gb\n"; }
@@ -154,12 +161,12 @@ std::string TolerancePlotScript(const std::string& csv_path, const std::string& 
   };
   return fmt::format(
       "set datafile separator ','\n"
-      "set terminal png size 1400,560\n"
+      "set terminal pngcairo size 1400,560\n"
       "set output {}\n"
       "set multiplot layout 1,2 title {}\n"
       "set xlabel 'tolerance eps'\n"
       "set grid\n"
-      "set key top left\n"
+      "set key above\n"
       "set ylabel 'iteration (s)'\n"
       "plot {}\n"
       "set ylabel 'largest per-layer send + receive per device (GB)'\n"

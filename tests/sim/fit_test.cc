@@ -178,6 +178,13 @@ TEST(EfficiencyCurveFromTableTest, WholeDocumentTasksAtTheFlopCount) {
   EXPECT_NEAR(curve[0].second, 0.5, 1e-12);
   EXPECT_EQ(curve[1].first, 1024);
   EXPECT_NEAR(curve[1].second, 1.0, 1e-12);
+  // Any number format the table parser takes reads the same.
+  std::vector<std::pair<double, double>> decimal;
+  ASSERT_TRUE(EfficiencyCurveFromTable(
+                  "q_len,kv_len,seconds\n128.0,128,1.4794752e-5\n1.28e2,1024.0,1e-4\n1024,1.024e3,4.702208e-4\n", 1e12,
+                  4, 16, 2.5, &decimal)
+                  .ok());
+  EXPECT_EQ(decimal, curve);
   ASSERT_TRUE(EfficiencyCurveFromTable(csv, 0.5e12, 4, 16, 2.5, &curve).ok());
   EXPECT_EQ(curve[0].second, 1.0);  // capped
   EXPECT_TRUE(Contains(EfficiencyCurveFromTable("q_len,kv_len,seconds\n128,1024,1\n", 1e12, 4, 16, 2.5, &curve),

@@ -1353,13 +1353,26 @@ TEST(GridTest, PaperGridShapesAndCsv) {
   SimResult r;
   r.strategy = SimStrategy::kDistcaPaper;
   r.grad_sync_s = 0.125;
-  const std::string row = GridCsvRow(points[0], r, WlbScope::kWholeBatch);
+  SimOptions run;
+  run.wlb_scope = WlbScope::kWholeBatch;
+  run.ping_pong = false;
+  run.cad_wire = PlanWire::kDistca;
+  run.comm_budget = 1000;
+  run.tolerance = 0.1;
+  run.dedicated_servers = 2;
+  run.grad_sync = false;
+  const std::string row = GridCsvRow(points[0], r, run);
   EXPECT_EQ(std::count(header.begin(), header.end(), ','), std::count(row.begin(), row.end(), ','));
   EXPECT_NE(row.find(",distca-paper,"), std::string::npos);
   // The last columns: micro-batches, MLP recomputation (128K: none), scope,
-  // gradient sync.
-  EXPECT_NE(row.find("," + std::to_string(points[0].micro_batches) + ",0,whole-batch,0.125000\n"), std::string::npos);
-  EXPECT_NE(header.find(",wlb_scope,grad_sync_s\n"), std::string::npos);
+  // gradient sync seconds, then the run's settings.
+  const std::string settings = ",0,distca,1000,0.1,2,0,1\n";
+  EXPECT_NE(row.find("," + std::to_string(points[0].micro_batches) + ",0,whole-batch,0.125000" + settings),
+            std::string::npos)
+      << row;
+  EXPECT_NE(header.find(",wlb_scope,grad_sync_s,ping_pong,wire,comm_budget,tolerance,servers,grad_sync,"
+                        "distributed_optimizer\n"),
+            std::string::npos);
   // A whole row, every column.
   r.iteration_s = 1.5;
   r.tokens_per_s = 12345.6;
@@ -1373,11 +1386,11 @@ TEST(GridTest, PaperGridShapesAndCsv) {
   r.cp = 4;
   r.tolerance_used = 0.05;
   const GridPoint& g = points[0];
-  EXPECT_EQ(GridCsvRow(g, r, WlbScope::kWholeBatch),
+  EXPECT_EQ(GridCsvRow(g, r, run),
             g.Label() + "," + g.model + "," + std::to_string(g.gpus) + "," + std::to_string(g.tp) + "," +
                 std::to_string(g.pp) + "," + std::to_string(g.max_doc_len) + "," + std::to_string(g.batch_size) +
                 ",distca-paper,1.500000,12345.6,1.2345,0.0625,12.500,10.250,1,3.500,2.1250,4,0.050," +
-                std::to_string(g.micro_batches) + ",0,whole-batch,0.125000\n");
+                std::to_string(g.micro_batches) + ",0,whole-batch,0.125000" + settings);
   const std::string script = SpeedupPlotScript("g.csv", "s.png", "t", {SimStrategy::kWlbIdeal, SimStrategy::kDistca});
   EXPECT_NE(script.find("set output 's.png'"), std::string::npos);
   EXPECT_NE(script.find("every 2::1 using 11:xtic(1) title 'distca'"), std::string::npos);
