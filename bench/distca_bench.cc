@@ -86,11 +86,13 @@ int main(int argc, char** argv) {
   // A word that names no subcommand is named as such (CLI11 would only say
   // that a subcommand is required).
   bool known = false;
-  for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
+  std::string names;
+  for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
     known |= argc > 1 && sub->get_name() == argv[1];
+    names += (names.empty() ? "" : ", ") + sub->get_name();
+  }
   if (argc > 1 && argv[1][0] != '-' && !known) {
-    std::fprintf(stderr, "distca-bench: unknown subcommand '%s': use attention, plan, dispatch, train or profile\n",
-                 argv[1]);
+    std::fprintf(stderr, "distca-bench: unknown subcommand '%s': use one of %s\n", argv[1], names.c_str());
     return 2;
   }
   if (int rc = 0; !distca::cli::Parse(app, argc, argv, &rc)) return rc;

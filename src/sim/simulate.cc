@@ -132,7 +132,10 @@ SimContext::SimContext(const SimOptions& o) : options(o), costs(o.model, o.hardw
   // Device d sends to device d + G tp of the next stage. Some such pair
   // straddles a node boundary exactly when the pipeline spans more than one
   // node, even where stages are smaller than a node and some boundaries
-  // stay inside one: a tick waits for its slowest message.
+  // stay inside one, and a tick waits for its slowest message: exact for a
+  // tick in which every boundary sends. A fill or drain tick whose active
+  // boundaries all lie inside a node (stages smaller than a node only; never
+  // in the grids) is charged the inter-node link too.
   pipeline_inter_node = o.pp > 1 && o.gpus > o.hardware.gpus_per_node;
   cp_inter_node_.assign(stage_ranks + 1, 0);
   for (int c = 1; c <= stage_ranks; ++c) {

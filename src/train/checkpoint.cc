@@ -244,7 +244,8 @@ Status CheckCheckpointDirectory(const std::string& dir) {
   if (::mkdtemp(probe.data()) == nullptr)
     return Status::IoError(fmt::format("cannot create checkpoint directory '{}': cannot write into '{}': {}", dir,
                                        p.string(), std::strerror(errno)));
-  ::rmdir(probe.c_str());
+  if (::rmdir(probe.c_str()) != 0)
+    return Status::IoError(fmt::format("cannot remove the probe directory '{}': {}", probe, std::strerror(errno)));
   return Status::Ok();
 }
 

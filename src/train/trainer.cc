@@ -329,13 +329,6 @@ Status Train(Comm& comm, const TrainOptions& options, const std::function<void(c
   DISTCA_RETURN_IF_ERROR(BatchStream::ReadInputFilesOnce(&data));
   std::unique_ptr<BatchStream> stream;
   DISTCA_RETURN_IF_ERROR(BatchStream::Open(data, &stream));
-  // Given batches are all checked now, not at the step that reaches one
-  // (after steps trained and maybe saved); other sources step by step.
-  for (size_t b = 0; b < data.batches.size(); ++b)
-    DISTCA_RETURN_IF_ERROR(CheckBatch(data.batches[b], o, data_ranks)
-                               .WithContext(o.data.docs_file.empty()
-                                                ? fmt::format("batch {}", b)
-                                                : fmt::format("{} batch {}", o.data.docs_file, b)));
   // A save directory that cannot be written is found before the first step,
   // not after the run has trained.
   if (!o.save_dir.empty() && rank == 0) DISTCA_RETURN_IF_ERROR(CheckCheckpointDirectory(o.save_dir));
@@ -369,6 +362,17 @@ Status Train(Comm& comm, const TrainOptions& options, const std::function<void(c
     if (step >= o.steps)
       return Status::InvalidArgument(
           fmt::format("{} is at step {}; --steps {} leaves nothing to train", o.load_dir, step, o.steps));
+  }
+  // Given batches that the run will reach (step i uses batch i mod their
+  // count) are checked now, not at the step that reaches one, after steps
+  // trained and maybe saved; other sources step by step.
+  const int64_t given = static_cast<int64_t>(data.batches.size());
+  for (int64_t i = step; given > 0 && i < std::min(o.steps, step + given); ++i) {
+    const size_t b = static_cast<size_t>(i % given);
+    DISTCA_RETURN_IF_ERROR(
+        CheckBatch(data.batches[b], o, data_ranks)
+            .WithContext(
+                fmt::format("{}: batches[{}]", o.data.docs_file.empty() ? "given batches" : o.data.docs_file, b)));
   }
   DISTCA_RETURN_IF_ERROR(CheckRanksStartAlike(comm, step, stream->position(), *model));
 

@@ -1246,8 +1246,6 @@ TEST(SimulateTest, GroupsThatStraddleNodesRunOnTheInterNodeLink) {
   o.gpus = 4;
   o.pp = 2;
   EXPECT_FALSE(sim::SimContext(o).pipeline_inter_node);  // one node
-  o.gpus = 6;
-  o.pp = 2;
   o.gpus = 4;
   o.pp = 1;
   const sim::SimContext one_node(o);
