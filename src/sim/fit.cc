@@ -72,7 +72,8 @@ Status EfficiencyCurveFromTable(std::string_view csv, double peak_flops, int q_h
   curve->clear();
   // The grid's whole-document cells (q_len == kv_len), as the table parsed
   // them (any number format it takes).
-  const std::vector<double>&qs = table.q_grid(), &kvs = table.kv_grid();
+  const std::vector<double>& qs = table.q_grid();
+  const std::vector<double>& kvs = table.kv_grid();
   for (size_t qi = 0; qi < qs.size(); ++qi) {
     const auto kv = std::find(kvs.begin(), kvs.end(), qs[qi]);
     if (kv == kvs.end()) continue;
