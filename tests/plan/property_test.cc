@@ -261,6 +261,7 @@ TEST(PlanPropertyTest, AdversarialBatches) {
     ASSERT_NO_FATAL_FAILURE(CheckCase(c, &tallies));
   }
   Report(tallies);
+  EXPECT_GT(tallies["distca"].bound_checked, 3000);  // 3,987 today: the bound is checked, not skipped
 }
 
 // 1,000 staged layouts, as the simulator's pipeline ticks build them: 1-4

@@ -47,6 +47,8 @@ TEST(ProfileJsonTest, RoundTripsEveryField) {
   EXPECT_EQ(q.inter_node.latency_s, p.inter_node.latency_s);
   ASSERT_TRUE(q.all_to_all.has_value());
   EXPECT_EQ(q.all_to_all->bandwidth, 7e9);
+  // And the rest: written again, the same file.
+  EXPECT_EQ(HardwareProfileJson(q), HardwareProfileJson(p));
   p.all_to_all.reset();
   ASSERT_TRUE(ParseHardwareProfile(HardwareProfileJson(p), &q).ok());
   EXPECT_FALSE(q.all_to_all.has_value());
