@@ -111,6 +111,8 @@ TEST(FitColocatedStepsTest, RecoversTheConstantsTheStepsWereMadeWith) {
   EXPECT_LT(fit.max_relative_error, 1e-9);
 }
 
+double Objective(const SimOptions& options, const std::vector<MeasuredStep>& steps);
+
 TEST(FitColocatedStepsTest, ScalesTheTableWhenOneServesTheModel) {
   FitCase f = MakeCase(0.25, 1.0);
   // A table for the test model's heads (4 x 2 of 16 at tp 1), several times
@@ -131,6 +133,24 @@ TEST(FitColocatedStepsTest, ScalesTheTableWhenOneServesTheModel) {
   // steps exactly: close (the linear time dominates the uniform step), not exact.
   EXPECT_NEAR(fit.linear_mfu, 0.25, 0.05);
   for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(fit.predicted_s[i] / f.steps[i].step_s, 1.0, 0.2);
+  // Its predictions are what the fitted profile simulates, and no small
+  // move of either constant fits the steps better.
+  for (size_t i = 0; i < 3; ++i) {
+    SimOptions o = f.options;
+    ASSERT_TRUE(ShapeFromBatches({f.steps[i].lengths}, &o).ok());
+    std::vector<SimResult> r;
+    ASSERT_TRUE(Simulate(o, {f.steps[i].lengths}, {SimStrategy::kColocated}, &r).ok());
+    EXPECT_NEAR(r.at(0).iteration_s / fit.predicted_s[i], 1.0, 1e-9) << i;
+  }
+  const double best = Objective(f.options, f.steps);
+  for (double step : {1e-3, -1e-3}) {
+    SimOptions o = f.options;
+    o.hardware.linear_mfu *= 1 + step;
+    EXPECT_GT(Objective(o, f.steps), best) << "linear_mfu x " << 1 + step;
+    o = f.options;
+    o.hardware.attention_tables[0].scale *= 1 + step;
+    EXPECT_GT(Objective(o, f.steps), best) << "table scale x " << 1 + step;
+  }
 }
 
 // Sum over steps of (predicted / measured - 1)^2 under a profile.
