@@ -1,5 +1,6 @@
 // Bad input comes back as an InvalidArgument Status naming the argument.
 #include "attn/attention_testing.h"
+#include "common/cpu_features.h"
 
 namespace distca::testing {
 namespace {
@@ -126,12 +127,17 @@ TEST_F(ErrorsTest, BadCuSeqlens) {
 
 TEST_F(ErrorsTest, MergePartialsArguments) {
   std::vector<float> o(8), l(2);
-  EXPECT_EQ(MergePartials(1, 1, 8, o.data(), l.data(), nullptr, l.data(), o.data(), l.data()).code(),
-            StatusCode::kInvalidArgument);
-  EXPECT_EQ(MergePartials(1, 0, 8, o.data(), l.data(), o.data(), l.data(), o.data(), l.data()).code(),
-            StatusCode::kInvalidArgument);
-  EXPECT_EQ(MergePartials(-1, 1, 8, o.data(), l.data(), o.data(), l.data(), o.data(), l.data()).code(),
-            StatusCode::kInvalidArgument);
+  const auto expect_refused = [](const Status& s, const std::string& needle) {
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+    EXPECT_NE(s.message().find(needle), std::string::npos) << s.ToString();
+  };
+  expect_refused(MergePartials(1, 1, 8, o.data(), l.data(), nullptr, l.data(), o.data(), l.data()), "out2 is null");
+  expect_refused(MergePartials(1, 0, 8, o.data(), l.data(), o.data(), l.data(), o.data(), l.data()),
+                 "heads must be positive, got 0");
+  expect_refused(MergePartials(1, 1, 0, o.data(), l.data(), o.data(), l.data(), o.data(), l.data()),
+                 "head_dim must be positive, got 0");
+  expect_refused(MergePartials(-1, 1, 8, o.data(), l.data(), o.data(), l.data(), o.data(), l.data()),
+                 "rows is negative (-1)");
 }
 
 TEST_F(ErrorsTest, HugeSizesAreOutOfRange) {
@@ -139,6 +145,41 @@ TEST_F(ErrorsTest, HugeSizesAreOutOfRange) {
   s.total_q = std::numeric_limits<int64_t>::max() / 2;  // * heads * head_dim overflows int64
   const Status st = AttentionForward(s, {}, Fwd());
   EXPECT_EQ(st.code(), StatusCode::kOutOfRange) << st.ToString();
+  EXPECT_NE(st.message().find("tensor sizes overflow 64-bit indexing"), std::string::npos) << st.ToString();
+}
+
+// A vector kernel the CPU (or DISTCA_CPU_MAX_ISA) does not allow is refused
+// by name, not run. ctest also runs this under the scalar cap, so that it
+// checks something on a machine that has every instruction set.
+TEST_F(ErrorsTest, KernelBeyondTheCpuIsRefused) {
+  const std::vector<AttentionKernel> available = AvailableAttentionKernels();
+  for (AttentionKernel kernel : {AttentionKernel::kAvx2, AttentionKernel::kAvx512}) {
+    if (std::find(available.begin(), available.end(), kernel) != available.end()) continue;
+    const AttentionExec exec{kernel, 1};
+    for (const Status& st : {AttentionForward(batch_.shape, batch_.tasks, Fwd(), exec),
+                             AttentionBackward(batch_.shape, batch_.tasks, Bwd(), exec)}) {
+      EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
+      EXPECT_NE(st.message().find(std::string("attention kernel '") + AttentionKernelName(kernel) +
+                                  "' needs instructions this CPU does not have"),
+                std::string::npos)
+          << st.ToString();
+    }
+  }
+}
+
+// The kernels offered follow the detected CPU (tests/common checks the
+// detection against the kernel's flags).
+TEST_F(ErrorsTest, AvailableKernelsFollowTheCpu) {
+  const std::vector<AttentionKernel> available = AvailableAttentionKernels();
+  const auto has = [&](AttentionKernel k) {
+    return std::find(available.begin(), available.end(), k) != available.end();
+  };
+  EXPECT_TRUE(has(AttentionKernel::kReference));
+  EXPECT_TRUE(has(AttentionKernel::kScalar));
+#if defined(__x86_64__)
+  EXPECT_EQ(has(AttentionKernel::kAvx2), DetectCpuFeatures().avx2_fma);
+  EXPECT_EQ(has(AttentionKernel::kAvx512), DetectCpuFeatures().avx512);
+#endif
 }
 
 TEST_F(ErrorsTest, ThreadCountsOutsideTheEnginesRangeAreRefused) {

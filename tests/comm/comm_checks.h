@@ -155,9 +155,18 @@ inline Status CheckCommContract(Comm& c) {
 
   // Bad arguments are errors, not crashes.
   int64_t x = 0;
-  DISTCA_RETURN_IF_ERROR(Expect(!c.Send(&x, sizeof x, R, 0).ok(), "send to a missing rank succeeded"));
-  DISTCA_RETURN_IF_ERROR(Expect(!c.Send(&x, sizeof x, 0, -1).ok(), "negative tag accepted"));
-  DISTCA_RETURN_IF_ERROR(Expect(!c.Send(&x, sizeof x, 0, Comm::kMaxUserTag + 1).ok(), "internal tag accepted"));
+  const auto refused = [](const Status& s, const std::string& needle) {
+    return !s.ok() && s.message().find(needle) != std::string::npos;
+  };
+  DISTCA_RETURN_IF_ERROR(
+      Expect(refused(c.Send(&x, sizeof x, R, 0),
+                     "rank " + std::to_string(R) + " does not exist (size " + std::to_string(R) + ")"),
+             "send to a missing rank not refused by name"));
+  DISTCA_RETURN_IF_ERROR(
+      Expect(refused(c.Send(&x, sizeof x, 0, -1), "tag -1 is outside [0, "), "negative tag not refused by name"));
+  DISTCA_RETURN_IF_ERROR(Expect(refused(c.Send(&x, sizeof x, 0, Comm::kMaxUserTag + 1),
+                                        "tag " + std::to_string(Comm::kMaxUserTag + 1) + " is outside"),
+                                "internal tag not refused by name"));
   return c.Barrier();
 }
 

@@ -155,9 +155,15 @@ TEST(CommTest, BackendChoice) {
                 return Status::Ok();
               }).ok());
   EXPECT_EQ(backend, LaunchedByMpirun() ? "mpi" : "local");
-  EXPECT_EQ(RunLocal(0, [](Comm&) { return Status::Ok(); }).code(), StatusCode::kInvalidArgument);
+  const Status none = RunLocal(0, [](Comm&) { return Status::Ok(); });
+  EXPECT_EQ(none.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(none.message().find("local backend needs ranks >= 1, got 0"), std::string::npos) << none.ToString();
   // More threads than one process should run: refused before any starts.
-  EXPECT_EQ(RunLocal(kMaxLocalRanks + 1, [](Comm&) { return Status::Ok(); }).code(), StatusCode::kOutOfRange);
+  const Status many = RunLocal(kMaxLocalRanks + 1, [](Comm&) { return Status::Ok(); });
+  EXPECT_EQ(many.code(), StatusCode::kOutOfRange);
+  EXPECT_NE(many.message().find("local backend runs at most " + std::to_string(kMaxLocalRanks) + " ranks"),
+            std::string::npos)
+      << many.ToString();
 }
 
 }  // namespace

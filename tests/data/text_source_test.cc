@@ -73,7 +73,10 @@ TEST(TextSourceTest, SkipsDirectorySymlinksDanglingOrLoopingLinksAndFifos) {
   dir.Write("real/a.txt", "a");
   std::filesystem::create_directory_symlink(dir.path() / "real", dir.path() / "loop");
   std::filesystem::create_symlink(dir.path() / "missing", dir.path() / "dangling");
-  std::filesystem::create_symlink(dir.path() / "real/a.txt", dir.path() / "link.txt");
+  // A link to a file (outside the directory, with its own text): followed.
+  ScratchDir outside;
+  outside.Write("b.txt", "b");
+  std::filesystem::create_symlink(outside.path() / "b.txt", dir.path() / "link.txt");
   // Two links that point at each other, and a FIFO: skipped too.
   std::filesystem::create_symlink(dir.path() / "ping", dir.path() / "pong");
   std::filesystem::create_symlink(dir.path() / "pong", dir.path() / "ping");
@@ -82,7 +85,7 @@ TEST(TextSourceTest, SkipsDirectorySymlinksDanglingOrLoopingLinksAndFifos) {
   const Status opened = OpenTextDirectory(dir.path().string(), "", &source);
   ASSERT_TRUE(opened.ok()) << opened.ToString();
   ASSERT_EQ(source->num_documents(), 2);  // link.txt (a link to a file) and real/a.txt; not loop/a.txt
-  EXPECT_EQ(ReadAll(*source, 0), Bytes("a"));
+  EXPECT_EQ(ReadAll(*source, 0), Bytes("b"));
   EXPECT_EQ(ReadAll(*source, 1), Bytes("a"));
 }
 
