@@ -96,6 +96,12 @@ TEST(CompositionTest, SharedKvEqualsDuplicatedKv) {
   std::vector<AttentionTask> from_cu;
   ASSERT_TRUE(TasksFromCuSeqlens(cu_q, cu_k, &from_cu).ok());
   ASSERT_EQ(from_cu.size(), dup.tasks.size());
+  for (size_t i = 0; i < from_cu.size(); ++i) {
+    EXPECT_EQ(from_cu[i].q_offset, dup.tasks[i].q_offset) << i;
+    EXPECT_EQ(from_cu[i].q_len, dup.tasks[i].q_len) << i;
+    EXPECT_EQ(from_cu[i].k_offset, dup.tasks[i].k_offset) << i;
+    EXPECT_EQ(from_cu[i].kv_len, dup.tasks[i].kv_len) << i;
+  }
 
   for (AttentionKernel kernel : AvailableAttentionKernels()) {
     SCOPED_TRACE(AttentionKernelName(kernel));
@@ -113,6 +119,27 @@ TEST(CompositionTest, SharedKvEqualsDuplicatedKv) {
 
     const BackwardResult gd = RunBackward(dup, fd, kernel);
     const BackwardResult gs = RunBackward(s.shards, fs, kernel);
+    // The backward through the cu_seqlens entry point: on one thread, the
+    // same bits as through its tasks.
+    {
+      const BackwardResult tasks = RunBackward(dup, fd, kernel, 1);
+      BackwardResult cu{std::vector<float>(dup.QSize()), std::vector<float>(dup.KSize()),
+                        std::vector<float>(dup.KSize())};
+      AttentionBackwardArgs a;
+      a.q = dup.q.data();
+      a.k = dup.k.data();
+      a.v = dup.v.data();
+      a.dout = dup.dout.data();
+      a.lse = fd.lse.data();
+      a.out = fd.out.data();
+      a.dq = cu.dq.data();
+      a.dk = cu.dk.data();
+      a.dv = cu.dv.data();
+      ASSERT_TRUE(AttentionVarlenBackward(dup.shape, cu_q, cu_k, a, {kernel, 1}).ok());
+      EXPECT_EQ(cu.dq, tasks.dq);
+      EXPECT_EQ(cu.dk, tasks.dk);
+      EXPECT_EQ(cu.dv, tasks.dv);
+    }
     // Sum the private copies' dK/dV back onto the document's rows.
     std::vector<float> dk(s.shards.KSize(), 0.0f), dv(s.shards.KSize(), 0.0f);
     for (const AttentionTask& t : dup.tasks) {

@@ -112,10 +112,13 @@ TEST_F(ErrorsTest, BadCuSeqlens) {
   AttentionShape s = batch_.shape;
   const std::vector<int32_t> good_q = {0, 10, 15}, good_k = {0, 12, 17};
   EXPECT_TRUE(AttentionVarlenForward(s, good_q, good_k, Fwd()).ok());
+  EXPECT_TRUE(AttentionVarlenBackward(s, good_q, good_k, Bwd()).ok());
+  // Forward and backward alike.
   auto fails_with = [&](std::vector<int32_t> cq, std::vector<int32_t> ck, const std::string& needle) {
-    const Status st = AttentionVarlenForward(s, cq, ck, Fwd());
-    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
-    EXPECT_NE(st.message().find(needle), std::string::npos) << st.ToString();
+    for (const Status& st : {AttentionVarlenForward(s, cq, ck, Fwd()), AttentionVarlenBackward(s, cq, ck, Bwd())}) {
+      EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+      EXPECT_NE(st.message().find(needle), std::string::npos) << st.ToString();
+    }
   };
   fails_with({0, 10, 9}, good_k, "cu_seqlens_q is not non-decreasing");
   fails_with(good_q, {0, 13, 12}, "cu_seqlens_k is not non-decreasing");

@@ -206,8 +206,10 @@ TEST(BatchStreamTest, ShuffleIsAFixedPermutationPerEpoch) {
   EXPECT_EQ(sorted, identity);
   EXPECT_NE(order, data::ShuffledOrder(10, 42, 1));
   EXPECT_NE(order, data::ShuffledOrder(10, 43, 0));
-  // Golden: the order must not change across standard libraries or releases
-  // (resumed runs depend on it).
+  // Golden, recorded from this implementation on purpose (its parts,
+  // mt19937_64, SplitMix64 and UniformBelow, are fully specified): the order
+  // must not change across standard libraries or releases, since resumed
+  // runs depend on it.
   EXPECT_EQ(order, (std::vector<int64_t>{9, 6, 2, 0, 1, 4, 3, 8, 5, 7}));
 }
 
@@ -240,6 +242,8 @@ TEST(BatchStreamTest, SyntheticBatchesFollowTheLengthsRecipe) {
   r.max_doc_len = 3000;
   std::vector<int64_t> docs;
   ASSERT_TRUE(RecipeDocuments({100, 200, 300, 5000, 70000}, r, &docs).ok());
+  // Elongated x 1.5 (150, 300, 450, 7500, 105000), capped at 3000; only
+  // 70000 reaches the upsampling threshold (65536), so it comes twice.
   EXPECT_EQ(docs, (std::vector<int64_t>{150, 300, 450, 3000, 3000, 3000}));
   for (size_t i = 0; i < batches.size(); ++i) {
     WorkloadRecipe packing;
