@@ -413,7 +413,12 @@ TEST(ModelPassTest, RejectsCallsOutOfOrderAndBadTokens) {
   auto model = MakeModel(c, 1);
   ModelPass pass(model.get(), 0);
   std::vector<float> buf(1024);
-  EXPECT_EQ(pass.BeforeAttention(0, 0, buf.data(), buf.data(), buf.data()).code(), StatusCode::kFailedPrecondition);
+  const auto out_of_order = [](const Status& st, StatusCode code, const std::string& why) {
+    EXPECT_EQ(st.code(), code) << st.ToString();
+    EXPECT_NE(st.message().find(why), std::string::npos) << st.ToString();
+  };
+  out_of_order(pass.BeforeAttention(0, 0, buf.data(), buf.data(), buf.data()), StatusCode::kFailedPrecondition,
+               "ModelPass::BeforeAttention before Begin");
   // Each check on its own (valid everything else), by its message: a token
   // past the vocabulary would read past the embedding table.
   const auto refused = [&](const TokenRows& rows, double scale, const std::string& why) {
@@ -430,13 +435,18 @@ TEST(ModelPassTest, RejectsCallsOutOfOrderAndBadTokens) {
   refused({.tokens = {1, 2}, .positions = {0, 1}, .targets = {2, -1}}, std::nan(""), "loss_scale nan is not finite");
   TokenRows rows{.tokens = {1, 2}, .positions = {0, 1}, .targets = {2, -1}};
   ASSERT_TRUE(pass.Begin({rows}, 1.0).ok());
-  EXPECT_EQ(pass.AfterAttention(0, 0, buf.data(), buf.data()).code(), StatusCode::kFailedPrecondition);
-  EXPECT_EQ(pass.BeforeAttention(1, 0, buf.data(), buf.data(), buf.data()).code(), StatusCode::kFailedPrecondition);
-  EXPECT_EQ(pass.BeforeAttention(0, 1, buf.data(), buf.data(), buf.data()).code(), StatusCode::kInvalidArgument);
+  out_of_order(pass.AfterAttention(0, 0, buf.data(), buf.data()), StatusCode::kFailedPrecondition,
+               "ModelPass::AfterAttention(layer 0, nano-batch 0) out of order: expected call 1 of the forward but 0 "
+               "were done");
+  out_of_order(pass.BeforeAttention(1, 0, buf.data(), buf.data(), buf.data()), StatusCode::kFailedPrecondition,
+               "ModelPass::BeforeAttention(layer 1, nano-batch 0) out of order: expected call 2");
+  out_of_order(pass.BeforeAttention(0, 1, buf.data(), buf.data(), buf.data()), StatusCode::kInvalidArgument,
+               "nano-batch 1 not in [0, 1)");
   double loss = 0;
   int64_t targets = 0;
-  EXPECT_EQ(pass.Loss(&loss, &targets).code(), StatusCode::kFailedPrecondition);
-  EXPECT_EQ(pass.End().code(), StatusCode::kFailedPrecondition);
+  out_of_order(pass.Loss(&loss, &targets), StatusCode::kFailedPrecondition,
+               "ModelPass::Loss: nano-batch 0 has done 0 of " + std::to_string(2 * c.num_layers) + " forward calls");
+  out_of_order(pass.End(), StatusCode::kFailedPrecondition, "ModelPass::End before Begin and Loss");
 }
 
 // ---------------------------------------------------------------------------
