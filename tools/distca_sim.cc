@@ -85,6 +85,7 @@ nlohmann::json ToJson(const SimOptions& o, const SimResult& r) {
           {"tokens_per_s", r.tokens_per_s},
           {"speedup_over_wlb_ideal", r.speedup > 0 ? nlohmann::json(r.speedup) : nlohmann::json(nullptr)},
           {"idle_fraction", r.idle_fraction},
+          {"bubble_work_fraction", r.bubble_work_fraction},
           {"memory_max_bytes", r.memory_max_bytes},
           {"memory_mean_bytes", r.memory_mean_bytes},
           {"memory_fits", r.memory_fits},

@@ -228,10 +228,13 @@ struct SimBreakdown {
 
 struct SimResult {
   SimStrategy strategy = SimStrategy::kDistca;
-  double iteration_s = 0;       // mean over batches
-  double tokens_per_s = 0;      // B * L / iteration_s
-  double speedup = 0;           // wlb-ideal's iteration_s / this one's; 0 when wlb-ideal did not run
-  double idle_fraction = 0;     // mean over batches and ranks of (iteration - busy) / iteration
+  double iteration_s = 0;    // mean over batches
+  double tokens_per_s = 0;   // B * L / iteration_s
+  double speedup = 0;        // wlb-ideal's iteration_s / this one's; 0 when wlb-ideal did not run
+  double idle_fraction = 0;  // mean over batches and ranks of (iteration - busy) / iteration
+  // distca-paper: the part of idle_fraction its ranks spent on dummy work in
+  // pipeline bubbles (real linear time, results thrown away); 0 otherwise.
+  double bubble_work_fraction = 0;
   double memory_max_bytes = 0;  // per device, max over ranks and batches
   double memory_mean_bytes = 0;
   // memory_max_bytes <= hardware.memory_bytes. False also says that no CP

@@ -388,8 +388,10 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
         if (times <= 0) return;
         double slowest = 0;
         for (int r = 0; r < total_ranks; ++r) {
-          slowest = std::max(slowest, seconds_of(r, true));
-          o.busy_s[r] += times * seconds_of(r, false);
+          const double with = seconds_of(r, true), without = seconds_of(r, false);
+          slowest = std::max(slowest, with);
+          o.busy_s[r] += times * without;
+          o.bubble_work_s += times * (with - without);
         }
         pass_s += times * slowest;
       };

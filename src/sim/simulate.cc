@@ -90,6 +90,8 @@ SimResult Summarize(const SimOptions& o, SimStrategy id, int cp, const std::vect
       idle += b.iteration_s > 0 ? std::max(0.0, (b.iteration_s - busy) / b.iteration_s) : 0.0;
     r.idle_per_batch.push_back(idle / double(std::max<size_t>(1, b.busy_s.size())));
     r.idle_fraction += r.idle_per_batch.back() / n;
+    if (b.iteration_s > 0 && !b.busy_s.empty())
+      r.bubble_work_fraction += b.bubble_work_s / double(b.busy_s.size()) / b.iteration_s / n;
     for (double mem : b.memory_bytes) {
       r.memory_max_bytes = std::max(r.memory_max_bytes, mem);
       memory_sum += mem;

@@ -90,6 +90,9 @@ struct BatchOutcome {
   double max_buffer_bytes = 0;  // per device
   double tolerance_sum = 0;     // CAD: sum of the plans' eps
   int plans = 0;                // CAD: plans built
+  // distca-paper: seconds its ranks spent on dummy work in bubbles, summed
+  // over ranks (counted as idle, not in busy_s).
+  double bubble_work_s = 0;
   SimBreakdown breakdown;
 };
 

@@ -1004,6 +1004,10 @@ TEST(PipelineStrategiesTest, OneFOneBAgainstAlignedTicks) {
   // thrown away, so it counts as idle.
   EXPECT_NEAR(paper.idle_fraction, distca.idle_fraction, 1e-12);
   EXPECT_GT(paper.idle_fraction, 0.1);
+  // That work, 2 x lin + 2 x 2 lin over the 2 ranks, is reported apart: 3
+  // lin of each iteration.
+  EXPECT_NEAR(paper.bubble_work_fraction, 3 * p.lin / aligned, 1e-12);
+  EXPECT_EQ(distca.bubble_work_fraction, 0.0);
   // Memory per device (tp 2): each stage holds half the weights (the
   // optimizer unsharded, G = 1); stage 0 the activations of both
   // micro-batches in flight, stage 1 one micro-batch's and its logits (256 x
