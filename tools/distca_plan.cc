@@ -34,8 +34,10 @@ struct Args {
   bool json = false;
 };
 
-// The batches to plan, from --docs-file or sampled from --lengths.
-Status LoadBatches(const Args& a, std::vector<std::vector<int64_t>>* batches) {
+// The batches to plan, from --docs-file or sampled from --lengths, and each
+// one's number (its index in the file: --batch I plans batch I alone).
+Status LoadBatches(const Args& a, std::vector<std::vector<int64_t>>* batches, std::vector<size_t>* ids) {
+  ids->clear();
   if (!a.docs_file.empty()) {
     DISTCA_RETURN_IF_ERROR(distca::ReadBatchesFile(a.docs_file, batches));
     if (a.batch) {
@@ -43,15 +45,34 @@ Status LoadBatches(const Args& a, std::vector<std::vector<int64_t>>* batches) {
         return Status::InvalidArgument(
             fmt::format("--batch {} is out of range: {} holds {} batches", *a.batch, a.docs_file, batches->size()));
       *batches = {(*batches)[*a.batch]};
+      ids->push_back(static_cast<size_t>(*a.batch));
+      return Status::Ok();
     }
-    return Status::Ok();
+  } else {
+    std::vector<int64_t> pool;
+    DISTCA_RETURN_IF_ERROR(distca::ReadLengthsFile(a.lengths_file, &pool));
+    distca::WorkloadRecipe recipe = a.recipe;
+    recipe.tokens_per_batch = int64_t{a.plan.ranks} * a.tokens_per_rank.value_or(128 * 1024);
+    DISTCA_RETURN_IF_ERROR(distca::SampleBatches(pool, recipe, a.batches, batches));
   }
-  std::vector<int64_t> pool;
-  DISTCA_RETURN_IF_ERROR(distca::ReadLengthsFile(a.lengths_file, &pool));
-  distca::WorkloadRecipe recipe = a.recipe;
-  recipe.tokens_per_batch = int64_t{a.plan.ranks} * a.tokens_per_rank.value_or(128 * 1024);
-  return distca::SampleBatches(pool, recipe, a.batches, batches);
+  for (size_t b = 0; b < batches->size(); ++b) ids->push_back(b);
+  return Status::Ok();
 }
+
+// Bytes with a unit that keeps three significant digits visible.
+std::string Bytes(double bytes) {
+  if (bytes >= 1e9) return fmt::format("{:.3f}GB", bytes * 1e-9);
+  if (bytes >= 1e6) return fmt::format("{:.3f}MB", bytes * 1e-6);
+  if (bytes >= 1e3) return fmt::format("{:.3f}kB", bytes * 1e-3);
+  return fmt::format("{:.0f}B", bytes);
+}
+
+// One batch's plan, kept until every batch is planned.
+struct Planned {
+  distca::Plan plan;
+  double ms = 0;
+  int64_t tokens = 0;
+};
 
 Status CheckTokenBudget(const Args& a, const std::vector<int64_t>& batch, size_t index) {
   int64_t total = 0;
@@ -110,7 +131,9 @@ int Run(int argc, char** argv) {
   app.add_option("--head-dim", a.plan.model.head_dim, "head dimension (Default: 128)")->check(distca::cli::kPositive);
   app.add_option("--dtype-bytes", a.plan.model.dtype_bytes, "bytes per element (Default: 2)")
       ->check(distca::cli::kPositive);
-  app.add_option("--comm-budget", a.plan.comm_budget, "max bytes any rank sends or receives (Default: unlimited)")
+  app.add_option("--comm-budget", a.plan.comm_budget,
+                 "max bytes (per attention layer, forward + backward) any rank or dedicated server sends or receives "
+                 "(Default: unlimited)")
       ->check(distca::cli::kNonNegative);
   app.add_flag("--budget-per-exchange", a.plan.budget_per_exchange,
                "--comm-budget bounds each of the four all-to-alls, not their sum (a buffer that holds one at a time)");
@@ -148,40 +171,56 @@ int Run(int argc, char** argv) {
     if (!s.ok()) return Fail(s.message());
   }
   std::vector<std::vector<int64_t>> batches;
-  s = LoadBatches(a, &batches);
+  std::vector<size_t> ids;
+  s = LoadBatches(a, &batches, &ids);
   if (!s.ok()) return Fail(s.message());
   if (!a.emit_plan.empty() && batches.size() != 1)
     return Fail(fmt::format("--emit-plan writes one plan but there are {} batches; {}", batches.size(),
                             a.docs_file.empty() ? "sample one (--batches 1)" : "pick one with --batch"));
 
-  // Every batch is checked before any is planned: a bad one fails the run
-  // before a partial table is printed.
+  // Every batch is checked, then planned and validated, before any row is
+  // printed: a bad one fails the run without a partial table.
   for (size_t b = 0; b < batches.size(); ++b)
-    if (s = CheckTokenBudget(a, batches[b], b); !s.ok()) return Fail(s.message());
+    if (s = CheckTokenBudget(a, batches[b], ids[b]); !s.ok()) return Fail(s.message());
+  std::vector<Planned> planned(batches.size());
+  for (size_t b = 0; b < batches.size(); ++b) {
+    Planned& p = planned[b];
+    distca::WallTimer timer;
+    s = distca::BuildPlan(batches[b], a.plan, cost, &p.plan);
+    p.ms = timer.Seconds() * 1e3;
+    if (s.ok()) s = distca::ValidatePlan(p.plan, cost);
+    if (!s.ok()) return Fail(fmt::format("batch {}: {}", ids[b], s.ToString()));
+    for (int64_t len : batches[b]) p.tokens += len;
+  }
+  // The exchange the budget bounds: with --budget-per-exchange the largest
+  // single all-to-all (own rows included with --budget-counts-local), else a
+  // rank's whole send or receive.
+  const bool per_exchange = a.plan.budget_per_exchange;
   if (!a.json) {
     fmt::print("policy {}, {} ranks + {} dedicated servers, eps {}, block {}, cost in {}\n",
                distca::PlanPolicyName(a.plan.policy), a.plan.ranks, a.plan.dedicated_servers, a.plan.tolerance,
                a.plan.block, cost.unit());
-    fmt::print("{:>5} {:>6} {:>10} {:>9} {:>9} {:>12} {:>12} {:>7} {:>9} {:>6} {:>5}\n", "batch", "docs", "tokens",
-               "max/mean", "min/mean", "bytes total", "max rank", "tasks", "plan ms", "eps", "bound");
+    fmt::print(
+        "bytes per attention layer, forward + backward; total: moved, each byte once; max rank: the most one rank or "
+        "server sends or receives; max exch: the most one moves in a single all-to-all{}\n",
+        a.plan.comm_budget > 0 ? fmt::format(" (the budget, {}, bounds the {})", Bytes(double(a.plan.comm_budget)),
+                                             per_exchange ? "max exch" : "max rank")
+                               : "");
+    fmt::print("{:>5} {:>6} {:>10} {:>9} {:>9} {:>12} {:>12} {:>12} {:>7} {:>9} {:>6} {:>5}\n", "batch", "docs",
+               "tokens", "max/mean", "min/mean", "bytes total", "max rank", "max exch", "tasks", "plan ms", "eps",
+               "bound");
   }
   for (size_t b = 0; b < batches.size(); ++b) {
-    distca::Plan plan;
-    distca::WallTimer timer;
-    s = distca::BuildPlan(batches[b], a.plan, cost, &plan);
-    const double ms = timer.Seconds() * 1e3;
-    if (s.ok()) s = distca::ValidatePlan(plan, cost);
-    if (!s.ok()) return Fail(fmt::format("batch {}: {}", b, s.ToString()));
-    int64_t tokens = 0;
-    for (int64_t len : batches[b]) tokens += len;
+    const distca::Plan& plan = planned[b].plan;
     const distca::PlanStats& st = plan.stats;
+    const int64_t exchange = st.traffic.max_exchange_bytes(per_exchange && a.plan.budget_counts_local);
     if (a.json) {
-      const nlohmann::json j = {{"batch", b},
+      const nlohmann::json j = {{"batch", ids[b]},
                                 {"policy", distca::PlanPolicyName(plan.policy)},
                                 {"ranks", plan.ranks},
                                 {"servers", plan.dedicated_servers},
                                 {"documents", batches[b].size()},
-                                {"tokens", tokens},
+                                {"tokens", planned[b].tokens},
                                 {"tolerance_used", plan.tolerance_used},
                                 {"bound_met", plan.bound_met},
                                 {"load_max_over_mean", st.max_over_mean()},
@@ -193,18 +232,19 @@ int Run(int argc, char** argv) {
                                 {"comm_bytes_max_exchange", st.traffic.max_exchange_bytes()},
                                 {"comm_bytes_max_exchange_with_local", st.traffic.max_exchange_bytes(true)},
                                 {"tasks", st.tasks},
-                                {"plan_ms", ms}};
+                                {"plan_ms", planned[b].ms}};
       fmt::print("{}\n", j.dump());
     } else {
-      fmt::print("{:>5} {:>6} {:>10} {:>9.4f} {:>9.4f} {:>10.3f}GB {:>10.3f}GB {:>7} {:>9.3f} {:>6.2f} {:>5}\n", b,
-                 batches[b].size(), tokens, st.max_over_mean(), st.min_over_mean(), st.traffic.total_bytes() * 1e-9,
-                 st.traffic.max_rank_bytes() * 1e-9, st.tasks, ms, plan.tolerance_used,
+      fmt::print("{:>5} {:>6} {:>10} {:>9.4f} {:>9.4f} {:>12} {:>12} {:>12} {:>7} {:>9.3f} {:>6.3g} {:>5}\n", ids[b],
+                 batches[b].size(), planned[b].tokens, st.max_over_mean(), st.min_over_mean(),
+                 Bytes(double(st.traffic.total_bytes())), Bytes(double(st.traffic.max_rank_bytes())),
+                 Bytes(double(exchange)), st.tasks, planned[b].ms, plan.tolerance_used,
                  plan.bound_met ? "met" : "MISS");
     }
-    if (!a.emit_plan.empty()) {
-      s = distca::WriteTextFile(a.emit_plan, distca::PlanToJson(plan));
-      if (!s.ok()) return Fail(s.message());
-    }
+  }
+  if (!a.emit_plan.empty()) {
+    s = distca::WriteTextFile(a.emit_plan, distca::PlanToJson(planned[0].plan));
+    if (!s.ok()) return Fail(s.message());
   }
   return 0;
 }

@@ -148,8 +148,14 @@ void PaperPlanner::Run(std::vector<double>* loads) {
     }
   }
 
+  // An item whose head and tail touch (one range, stored split at its
+  // middle) is one task: the kernel runs it as one range.
   plan_.tasks.clear();
   for (const Item& it : items_) {
+    if (it.head_end == it.tail_begin && it.head_begin < it.tail_end) {
+      plan_.tasks.push_back({it.doc, it.head_begin, it.tail_end, it.server});
+      continue;
+    }
     if (it.head_begin < it.head_end) plan_.tasks.push_back({it.doc, it.head_begin, it.head_end, it.server});
     if (it.tail_begin < it.tail_end) plan_.tasks.push_back({it.doc, it.tail_begin, it.tail_end, it.server});
   }
