@@ -406,6 +406,26 @@ TEST(ValidateTest, AcceptsTheHandPlanAndCatchesEveryBreak) {
   EXPECT_TRUE(Contains(ValidatePlan(p, cost), "traffic"));
 }
 
+// The paper policy lists an item it never split as one task (it stores it
+// as two halves around its middle): with nothing to move, its plan is the
+// colocated one, task for task.
+TEST(PlannerTest, PaperListsAnUnsplitItemAsOneTask) {
+  PlanOptions o;
+  o.ranks = 3;
+  o.block = 16;
+  o.tolerance = 10;  // no recipient is short of the mean by more than this
+  const CostModel cost = CostModel::Flops(o.model);
+  Plan colocated, paper;
+  o.policy = PlanPolicy::kColocated;
+  ASSERT_TRUE(BuildPlan({4096, 512, 512, 1024}, o, cost, &colocated).ok());
+  o.policy = PlanPolicy::kPaper;
+  ASSERT_TRUE(BuildPlan({4096, 512, 512, 1024}, o, cost, &paper).ok());
+  EXPECT_TRUE(ValidatePlan(paper, cost).ok());
+  ASSERT_EQ(paper.tasks.size(), colocated.tasks.size());
+  EXPECT_EQ(paper.stats.tasks, colocated.stats.tasks);
+  EXPECT_EQ(paper.stats.traffic.total_bytes(), colocated.stats.traffic.total_bytes());
+}
+
 TEST(JsonTest, RoundTripAndErrors) {
   PlanOptions o;
   o.ranks = 3;
