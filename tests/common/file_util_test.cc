@@ -30,7 +30,11 @@ TEST(FileUtilTest, ReadTextFileReadsAndReportsFailures) {
   const Status s = ReadTextFile(dir.string(), &got);
   EXPECT_EQ(s.code(), StatusCode::kIoError) << s.ToString();
   EXPECT_NE(s.message().find("error while reading"), std::string::npos) << s.ToString();
-  EXPECT_EQ(ReadTextFile((dir / "missing").string(), &got).code(), StatusCode::kIoError);
+  const std::string missing = (dir / "missing").string();
+  const Status absent = ReadTextFile(missing, &got);
+  EXPECT_EQ(absent.code(), StatusCode::kIoError);
+  EXPECT_NE(absent.message().find("cannot open '" + missing + "': No such file or directory"), std::string::npos)
+      << absent.ToString();
   // An endless stream stops at the limit instead of filling memory; a
   // regular file is not limited.
   const Status endless = ReadTextFile("/dev/zero", &got, 1 << 20);
@@ -60,6 +64,7 @@ TEST(FileUtilTest, AFailedWriteLeavesTheOldFile) {
   ::setrlimit(RLIMIT_FSIZE, &saved);
   std::signal(SIGXFSZ, previous);
   EXPECT_EQ(s.code(), StatusCode::kIoError) << s.ToString();
+  EXPECT_NE(s.message().find("error while writing '" + path + ".tmp'"), std::string::npos) << s.ToString();
   std::string got;
   ASSERT_TRUE(ReadTextFile(path, &got).ok());
   EXPECT_EQ(got, "old");
