@@ -37,6 +37,14 @@ struct Workload {
   std::vector<float> q, k, v, dout, out, lse, dq, dk, dv;
 };
 
+// The bytes AllocateTensors allocates for `shape`: Q, dO, O and dQ; K, V,
+// dK and dV; the LSE.
+double TensorBytes(const AttentionShape& shape) {
+  const double qn = double(shape.total_q) * shape.q_heads * shape.head_dim;
+  const double kn = double(shape.total_k) * shape.kv_heads * shape.head_dim;
+  return sizeof(float) * (4 * qn + 4 * kn + double(shape.total_q) * shape.q_heads);
+}
+
 // Random Q, K, V, dO and zeroed outputs for w.shape.
 void AllocateTensors(Workload* w, uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -206,11 +214,13 @@ std::vector<int64_t> TableKvLens(bool short_mode) {
 int64_t TableCellTasks(int64_t q, int64_t kv) {
   return std::max<int64_t>(1, (int64_t{1} << 22) / AttentionPairs(std::vector<AttentionTask>{{0, q, 0, kv}}, true));
 }
-// The floats a cell's tensors hold (AllocateTensors), in bytes.
-double TableCellBytes(const AttentionBenchOptions& o, int64_t q, int64_t kv) {
-  const double rows = double(TableCellTasks(q, kv)) * double(q);
-  const double qn = rows * o.q_heads * o.head_dim, kn = double(kv) * o.kv_heads * o.head_dim;
-  return sizeof(float) * (4 * qn + rows * o.q_heads + 4 * kn);
+// The shape a cell's workload has: its identical tasks' rows, one K/V prefix.
+AttentionShape TableCellShape(const AttentionBenchOptions& o, int64_t q, int64_t kv) {
+  return {.total_q = TableCellTasks(q, kv) * q,
+          .total_k = kv,
+          .q_heads = o.q_heads,
+          .kv_heads = o.kv_heads,
+          .head_dim = o.head_dim};
 }
 
 // A head shape whose largest cell would not fit in half this machine's memory
@@ -221,7 +231,7 @@ bool CheckTableMemory(const AttentionBenchOptions& o, std::string* error) {
   double need = 0;
   for (int64_t q : TableQLens(o.short_mode))
     for (int64_t kv : TableKvLens(o.short_mode))
-      if (kv >= q) need = std::max(need, TableCellBytes(o, q, kv));
+      if (kv >= q) need = std::max(need, TensorBytes(TableCellShape(o, q, kv)));
   if (limit > 0 && need > limit) {
     *error = fmt::format(
         "--q-heads {} --kv-heads {} --head-dim {}: the table's largest cell holds {:.3g} GB of tensors, more than "
@@ -261,10 +271,9 @@ bool MeasureAttentionCostTable(const AttentionBenchOptions& o, std::string* csv_
       if (kv < q) continue;
       // Enough identical tasks (sharing one K/V prefix) for a measurable call.
       Workload w;
-      w.shape = {.total_q = 0, .total_k = kv, .q_heads = o.q_heads, .kv_heads = o.kv_heads, .head_dim = o.head_dim};
+      w.shape = TableCellShape(o, q, kv);
       const int64_t tasks = TableCellTasks(q, kv);
       for (int64_t t = 0; t < tasks; ++t) w.tasks.push_back({t * q, q, 0, kv});
-      w.shape.total_q = tasks * q;
       AllocateTensors(&w, 1);
       const AttentionExec exec{kernel, 1};
       // The passes timed apart, each at its best; the backward reuses the

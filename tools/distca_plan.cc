@@ -67,9 +67,12 @@ std::string Bytes(double bytes) {
   return fmt::format("{:.0f}B", bytes);
 }
 
-// One batch's plan, kept until every batch is planned.
+// What the table prints of one batch's plan, kept until every batch is
+// planned (the plans themselves are not: --emit-plan keeps its one).
 struct Planned {
-  distca::Plan plan;
+  distca::PlanStats stats;
+  double tolerance_used = 0;
+  bool bound_met = false;
   double ms = 0;
   int64_t tokens = 0;
 };
@@ -183,13 +186,17 @@ int Run(int argc, char** argv) {
   for (size_t b = 0; b < batches.size(); ++b)
     if (s = CheckTokenBudget(a, batches[b], ids[b]); !s.ok()) return Fail(s.message());
   std::vector<Planned> planned(batches.size());
+  distca::Plan plan;
   for (size_t b = 0; b < batches.size(); ++b) {
     Planned& p = planned[b];
     distca::WallTimer timer;
-    s = distca::BuildPlan(batches[b], a.plan, cost, &p.plan);
+    s = distca::BuildPlan(batches[b], a.plan, cost, &plan);
     p.ms = timer.Seconds() * 1e3;
-    if (s.ok()) s = distca::ValidatePlan(p.plan, cost);
+    if (s.ok()) s = distca::ValidatePlan(plan, cost);
     if (!s.ok()) return Fail(fmt::format("batch {}: {}", ids[b], s.ToString()));
+    p.stats = plan.stats;
+    p.tolerance_used = plan.tolerance_used;
+    p.bound_met = plan.bound_met;
     for (int64_t len : batches[b]) p.tokens += len;
   }
   // The exchange the budget bounds: with --budget-per-exchange the largest
@@ -211,18 +218,18 @@ int Run(int argc, char** argv) {
                "bound");
   }
   for (size_t b = 0; b < batches.size(); ++b) {
-    const distca::Plan& plan = planned[b].plan;
-    const distca::PlanStats& st = plan.stats;
+    const Planned& p = planned[b];
+    const distca::PlanStats& st = p.stats;
     const int64_t exchange = st.traffic.max_exchange_bytes(per_exchange && a.plan.budget_counts_local);
     if (a.json) {
       const nlohmann::json j = {{"batch", ids[b]},
-                                {"policy", distca::PlanPolicyName(plan.policy)},
-                                {"ranks", plan.ranks},
-                                {"servers", plan.dedicated_servers},
+                                {"policy", distca::PlanPolicyName(a.plan.policy)},
+                                {"ranks", a.plan.ranks},
+                                {"servers", a.plan.dedicated_servers},
                                 {"documents", batches[b].size()},
-                                {"tokens", planned[b].tokens},
-                                {"tolerance_used", plan.tolerance_used},
-                                {"bound_met", plan.bound_met},
+                                {"tokens", p.tokens},
+                                {"tolerance_used", p.tolerance_used},
+                                {"bound_met", p.bound_met},
                                 {"load_max_over_mean", st.max_over_mean()},
                                 {"load_min_over_mean", st.min_over_mean()},
                                 {"comm_bytes_total", st.traffic.total_bytes()},
@@ -232,18 +239,17 @@ int Run(int argc, char** argv) {
                                 {"comm_bytes_max_exchange", st.traffic.max_exchange_bytes()},
                                 {"comm_bytes_max_exchange_with_local", st.traffic.max_exchange_bytes(true)},
                                 {"tasks", st.tasks},
-                                {"plan_ms", planned[b].ms}};
+                                {"plan_ms", p.ms}};
       fmt::print("{}\n", j.dump());
     } else {
       fmt::print("{:>5} {:>6} {:>10} {:>9.4f} {:>9.4f} {:>12} {:>12} {:>12} {:>7} {:>9.3f} {:>6.3g} {:>5}\n", ids[b],
-                 batches[b].size(), planned[b].tokens, st.max_over_mean(), st.min_over_mean(),
+                 batches[b].size(), p.tokens, st.max_over_mean(), st.min_over_mean(),
                  Bytes(double(st.traffic.total_bytes())), Bytes(double(st.traffic.max_rank_bytes())),
-                 Bytes(double(exchange)), st.tasks, planned[b].ms, plan.tolerance_used,
-                 plan.bound_met ? "met" : "MISS");
+                 Bytes(double(exchange)), st.tasks, p.ms, p.tolerance_used, p.bound_met ? "met" : "MISS");
     }
   }
-  if (!a.emit_plan.empty()) {
-    s = distca::WriteTextFile(a.emit_plan, distca::PlanToJson(planned[0].plan));
+  if (!a.emit_plan.empty()) {  // one batch: `plan` is its plan
+    s = distca::WriteTextFile(a.emit_plan, distca::PlanToJson(plan));
     if (!s.ok()) return Fail(s.message());
   }
   return 0;

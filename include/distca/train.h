@@ -118,10 +118,6 @@ struct TrainState {
   uint64_t seed = 0;
   LrSchedule schedule;
 };
-// Whether SaveCheckpoint could write into DIR: DIR, or the nearest of its
-// parents that exists, is a writable directory. Creates nothing; Train
-// checks it on rank 0 before the first step.
-Status CheckCheckpointDirectory(const std::string& dir);
 Status SaveCheckpoint(const std::string& dir, const Transformer& model, const AdamW& optimizer,
                       const TrainState& state);
 // Loads DIR's latest checkpoint (or DIR itself when it holds state.json).

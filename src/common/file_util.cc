@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <filesystem>
@@ -154,6 +155,24 @@ Status CheckOutputPath(const std::string& path) {
     return Status::IoError("cannot write '" + path + "': '" + dir + "' is not a directory");
   if (::access(dir.c_str(), W_OK) != 0)
     return Status::IoError("cannot write '" + path + "': '" + dir + "' is not writable: " + std::strerror(errno));
+  return Status::Ok();
+}
+
+Status CheckOutputDirectory(const std::string& dir, std::string_view what) {
+  const std::string name(what);
+  if (dir.empty()) return Status::InvalidArgument("the " + name + " is empty");
+  std::error_code ec;
+  std::filesystem::path p = std::filesystem::absolute(dir, ec);
+  if (ec) return Status::IoError(name + " '" + dir + "': " + ec.message());
+  while (!std::filesystem::exists(std::filesystem::symlink_status(p, ec)) && p.has_relative_path()) p = p.parent_path();
+  const std::string cannot = "cannot create " + name + " '" + dir + "': '" + p.string() + "' ";
+  if (!std::filesystem::is_directory(p, ec)) return Status::IoError(cannot + "is not a directory");
+  std::string probe = (p / ".distca-probe-XXXXXX").string();
+  if (::mkdtemp(probe.data()) == nullptr)
+    return Status::IoError("cannot create " + name + " '" + dir + "': cannot write into '" + p.string() +
+                           "': " + std::strerror(errno));
+  if (::rmdir(probe.c_str()) != 0)
+    return Status::IoError("cannot remove the probe directory '" + probe + "': " + std::strerror(errno));
   return Status::Ok();
 }
 

@@ -31,6 +31,12 @@ std::string DirectoryOf(const std::string& path);
 // directory, or a new one in a writable directory): checked before a long run
 // whose output goes there.
 Status CheckOutputPath(const std::string& path);
+// Whether a directory can be created (or written into) at `dir`: `dir`, or
+// the nearest of its parents that exists, is a directory in which one can be
+// created (tried: permission bits alone mislead as root, or on read-only or
+// virtual file systems). Creates nothing that stays. `what` names the
+// directory in messages ("checkpoint directory").
+Status CheckOutputDirectory(const std::string& dir, std::string_view what);
 // fsync on a directory, so that renames inside it are durable.
 Status SyncDirectory(const std::string& dir);
 

@@ -4,11 +4,8 @@
 
 #include <fcntl.h>
 #include <stdio.h>
-#include <stdlib.h>
-#include <unistd.h>
 
 #include <bit>
-#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -224,28 +221,6 @@ Status ReadSafetensors(const std::string& path, SafetensorsFile* file) {
   if (covered != data_size)
     return Status::InvalidArgument(fmt::format("{}: {} data bytes but tensors cover {}", path, data_size, covered));
   *file = std::move(result);
-  return Status::Ok();
-}
-
-Status CheckCheckpointDirectory(const std::string& dir) {
-  if (dir.empty()) return Status::InvalidArgument("the checkpoint directory is empty");
-  // The directory, or the nearest of its parents that exists (SaveCheckpoint
-  // creates the rest), must be a writable directory.
-  std::error_code ec;
-  fs::path p = fs::absolute(dir, ec);
-  if (ec) return Status::IoError(fmt::format("checkpoint directory '{}': {}", dir, ec.message()));
-  while (!fs::exists(fs::symlink_status(p, ec)) && p.has_relative_path()) p = p.parent_path();
-  if (!fs::is_directory(p, ec))
-    return Status::IoError(
-        fmt::format("cannot create checkpoint directory '{}': '{}' is not a directory", dir, p.string()));
-  // Creating (and removing) a directory there tests what saving does, where
-  // permission bits alone would not (root, read-only or virtual file systems).
-  std::string probe = (p / ".distca-probe-XXXXXX").string();
-  if (::mkdtemp(probe.data()) == nullptr)
-    return Status::IoError(fmt::format("cannot create checkpoint directory '{}': cannot write into '{}': {}", dir,
-                                       p.string(), std::strerror(errno)));
-  if (::rmdir(probe.c_str()) != 0)
-    return Status::IoError(fmt::format("cannot remove the probe directory '{}': {}", probe, std::strerror(errno)));
   return Status::Ok();
 }
 

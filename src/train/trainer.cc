@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/cpu_features.h"
+#include "common/file_util.h"
 #include "common/memory_info.h"
 #include "common/timer.h"
 #include "distca/pingpong.h"
@@ -331,7 +332,8 @@ Status Train(Comm& comm, const TrainOptions& options, const std::function<void(c
   DISTCA_RETURN_IF_ERROR(BatchStream::Open(data, &stream));
   // A save directory that cannot be written is found before the first step,
   // not after the run has trained.
-  if (!o.save_dir.empty() && rank == 0) DISTCA_RETURN_IF_ERROR(CheckCheckpointDirectory(o.save_dir));
+  if (!o.save_dir.empty() && rank == 0)
+    DISTCA_RETURN_IF_ERROR(CheckOutputDirectory(o.save_dir, "checkpoint directory"));
   if (stream->vocab_size() > o.model.vocab_size)
     return Status::InvalidArgument(fmt::format("the data's token ids go up to {} but the model's vocabulary is {}",
                                                stream->vocab_size() - 1, o.model.vocab_size));

@@ -80,31 +80,39 @@ inline ForwardResult RunForward(const Batch& b, AttentionKernel kernel, int thre
   return r;
 }
 
-// Backward from the forward result `fwd` (delta computed from O, or from
-// precomputed delta when `use_delta`).
-inline BackwardResult RunBackward(const Batch& b, const ForwardResult& fwd, AttentionKernel kernel, int threads = 2,
-                                  bool use_delta = false) {
-  BackwardResult r;
-  r.dq.assign(b.QSize(), std::numeric_limits<float>::quiet_NaN());
-  r.dk.assign(b.KSize(), std::numeric_limits<float>::quiet_NaN());
-  r.dv.assign(b.KSize(), std::numeric_limits<float>::quiet_NaN());
-  std::vector<float> delta;
+// Gradient buffers for `b`, NaN-filled (so that unwritten entries show), and
+// the backward's arguments from the forward result `fwd` (delta computed
+// from O) writing into them.
+inline AttentionBackwardArgs BackwardArgs(const Batch& b, const ForwardResult& fwd, BackwardResult* r) {
+  r->dq.assign(b.QSize(), std::numeric_limits<float>::quiet_NaN());
+  r->dk.assign(b.KSize(), std::numeric_limits<float>::quiet_NaN());
+  r->dv.assign(b.KSize(), std::numeric_limits<float>::quiet_NaN());
   AttentionBackwardArgs a;
   a.q = b.q.data();
   a.k = b.k.data();
   a.v = b.v.data();
   a.dout = b.dout.data();
   a.lse = fwd.lse.data();
+  a.out = fwd.out.data();
+  a.dq = r->dq.data();
+  a.dk = r->dk.data();
+  a.dv = r->dv.data();
+  return a;
+}
+
+// Backward from the forward result `fwd` (delta computed from O, or from
+// precomputed delta when `use_delta`).
+inline BackwardResult RunBackward(const Batch& b, const ForwardResult& fwd, AttentionKernel kernel, int threads = 2,
+                                  bool use_delta = false) {
+  BackwardResult r;
+  AttentionBackwardArgs a = BackwardArgs(b, fwd, &r);
+  std::vector<float> delta;
   if (use_delta) {
     delta.assign(b.LseSize(), 0.0f);
     attn::ComputeDeltaRows<float, double>(b.shape, 0, b.shape.total_q, b.dout.data(), fwd.out.data(), delta.data());
     a.delta = delta.data();
-  } else {
-    a.out = fwd.out.data();
+    a.out = nullptr;
   }
-  a.dq = r.dq.data();
-  a.dk = r.dk.data();
-  a.dv = r.dv.data();
   Status s = AttentionBackward(b.shape, b.tasks, a, {kernel, threads});
   EXPECT_TRUE(s.ok()) << s.ToString();
   return r;

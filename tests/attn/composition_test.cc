@@ -123,19 +123,8 @@ TEST(CompositionTest, SharedKvEqualsDuplicatedKv) {
     // same bits as through its tasks.
     {
       const BackwardResult tasks = RunBackward(dup, fd, kernel, 1);
-      BackwardResult cu{std::vector<float>(dup.QSize()), std::vector<float>(dup.KSize()),
-                        std::vector<float>(dup.KSize())};
-      AttentionBackwardArgs a;
-      a.q = dup.q.data();
-      a.k = dup.k.data();
-      a.v = dup.v.data();
-      a.dout = dup.dout.data();
-      a.lse = fd.lse.data();
-      a.out = fd.out.data();
-      a.dq = cu.dq.data();
-      a.dk = cu.dk.data();
-      a.dv = cu.dv.data();
-      ASSERT_TRUE(AttentionVarlenBackward(dup.shape, cu_q, cu_k, a, {kernel, 1}).ok());
+      BackwardResult cu;
+      ASSERT_TRUE(AttentionVarlenBackward(dup.shape, cu_q, cu_k, BackwardArgs(dup, fd, &cu), {kernel, 1}).ok());
       EXPECT_EQ(cu.dq, tasks.dq);
       EXPECT_EQ(cu.dk, tasks.dk);
       EXPECT_EQ(cu.dv, tasks.dv);

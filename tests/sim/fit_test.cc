@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include "common/file_util.h"
 #include "sim_test_util.h"
@@ -111,7 +112,38 @@ TEST(FitColocatedStepsTest, RecoversTheConstantsTheStepsWereMadeWith) {
   EXPECT_LT(fit.max_relative_error, 1e-9);
 }
 
-double Objective(const SimOptions& options, const std::vector<MeasuredStep>& steps);
+// The colocated step time a profile simulates for a step's batch.
+double SimulatedStepSeconds(const SimOptions& options, const MeasuredStep& m) {
+  SimOptions o = options;
+  EXPECT_TRUE(ShapeFromBatches({m.lengths}, &o).ok());
+  std::vector<SimResult> r;
+  EXPECT_TRUE(Simulate(o, {m.lengths}, {SimStrategy::kColocated}, &r).ok());
+  return r.empty() ? 0.0 : r[0].iteration_s;
+}
+
+// Sum over steps of (predicted / measured - 1)^2 under a profile.
+double Objective(const SimOptions& options, const std::vector<MeasuredStep>& steps) {
+  double sum = 0;
+  for (const MeasuredStep& m : steps) sum += std::pow(SimulatedStepSeconds(options, m) / m.step_s - 1, 2);
+  return sum;
+}
+
+// The fitted profile is a least-squares minimum: no small move of
+// linear_mfu, or of the attention level (`scale_attention` multiplies it),
+// fits the steps better.
+void ExpectNoSmallMoveFitsBetter(const SimOptions& fitted, const std::vector<MeasuredStep>& steps,
+                                 const std::function<void(SimOptions*, double)>& scale_attention,
+                                 const std::string& attention) {
+  const double best = Objective(fitted, steps);
+  for (double step : {1e-3, -1e-3}) {
+    SimOptions o = fitted;
+    o.hardware.linear_mfu *= 1 + step;
+    EXPECT_GT(Objective(o, steps), best) << "linear_mfu x " << 1 + step;
+    o = fitted;
+    scale_attention(&o, 1 + step);
+    EXPECT_GT(Objective(o, steps), best) << attention << " x " << 1 + step;
+  }
+}
 
 TEST(FitColocatedStepsTest, ScalesTheTableWhenOneServesTheModel) {
   FitCase f = MakeCase(0.25, 1.0);
@@ -135,35 +167,10 @@ TEST(FitColocatedStepsTest, ScalesTheTableWhenOneServesTheModel) {
   for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(fit.predicted_s[i] / f.steps[i].step_s, 1.0, 0.2);
   // Its predictions are what the fitted profile simulates, and no small
   // move of either constant fits the steps better.
-  for (size_t i = 0; i < 3; ++i) {
-    SimOptions o = f.options;
-    ASSERT_TRUE(ShapeFromBatches({f.steps[i].lengths}, &o).ok());
-    std::vector<SimResult> r;
-    ASSERT_TRUE(Simulate(o, {f.steps[i].lengths}, {SimStrategy::kColocated}, &r).ok());
-    EXPECT_NEAR(r.at(0).iteration_s / fit.predicted_s[i], 1.0, 1e-9) << i;
-  }
-  const double best = Objective(f.options, f.steps);
-  for (double step : {1e-3, -1e-3}) {
-    SimOptions o = f.options;
-    o.hardware.linear_mfu *= 1 + step;
-    EXPECT_GT(Objective(o, f.steps), best) << "linear_mfu x " << 1 + step;
-    o = f.options;
-    o.hardware.attention_tables[0].scale *= 1 + step;
-    EXPECT_GT(Objective(o, f.steps), best) << "table scale x " << 1 + step;
-  }
-}
-
-// Sum over steps of (predicted / measured - 1)^2 under a profile.
-double Objective(const SimOptions& options, const std::vector<MeasuredStep>& steps) {
-  double sum = 0;
-  for (const MeasuredStep& m : steps) {
-    SimOptions o = options;
-    EXPECT_TRUE(ShapeFromBatches({m.lengths}, &o).ok());
-    std::vector<SimResult> r;
-    EXPECT_TRUE(Simulate(o, {m.lengths}, {SimStrategy::kColocated}, &r).ok());
-    sum += std::pow(r.at(0).iteration_s / m.step_s - 1, 2);
-  }
-  return sum;
+  for (size_t i = 0; i < 3; ++i)
+    EXPECT_NEAR(SimulatedStepSeconds(f.options, f.steps[i]) / fit.predicted_s[i], 1.0, 1e-9) << i;
+  ExpectNoSmallMoveFitsBetter(
+      f.options, f.steps, [](SimOptions* o, double x) { o->hardware.attention_tables[0].scale *= x; }, "table scale");
 }
 
 TEST(FitColocatedStepsTest, InconsistentStepsGetTheLeastSquaresMinimum) {
@@ -176,15 +183,12 @@ TEST(FitColocatedStepsTest, InconsistentStepsGetTheLeastSquaresMinimum) {
   ProfileFit fit;
   ASSERT_TRUE(FitColocatedSteps(f.steps, &f.options, &fit).ok());
   EXPECT_GT(fit.max_relative_error, 0.01);
-  const double best = Objective(f.options, f.steps);
-  for (double step : {1e-3, -1e-3}) {
-    SimOptions o = f.options;
-    o.hardware.linear_mfu *= 1 + step;
-    EXPECT_GT(Objective(o, f.steps), best) << "linear_mfu x " << 1 + step;
-    o = f.options;
-    for (auto& point : o.hardware.attention_efficiency) point.second *= 1 + step;
-    EXPECT_GT(Objective(o, f.steps), best) << "attention efficiency x " << 1 + step;
-  }
+  ExpectNoSmallMoveFitsBetter(
+      f.options, f.steps,
+      [](SimOptions* o, double x) {
+        for (auto& point : o->hardware.attention_efficiency) point.second *= x;
+      },
+      "attention efficiency");
 }
 
 TEST(EfficiencyCurveFromTableTest, WholeDocumentTasksAtTheFlopCount) {
