@@ -1,15 +1,21 @@
 // The MPI backend: OpenMPI with MPI_THREAD_MULTIPLE. Every MPI call is
-// checked (errors return, they do not abort); large transfers are cut into
+// checked (errors return rather than abort, but see below); large transfers are cut into
 // messages of at most 1 GiB so counts fit MPI's int: whole messages of that
 // size, then always one shorter final message (empty when the size is a
 // multiple), so that a receive that expects a different size than was sent
 // fails at its first message that differs instead of waiting for one that
 // never comes (or leaving one unmatched). A failing rank prints its
 // reason and calls MPI_Abort, which terminates every rank of the job: nobody
-// is left waiting on it. (After an MPI error the library's state is undefined,
-// MPI 4.0 section 9.3, so a call that fails partway through posting, such as
-// an alltoallv, returns its error without waiting for or cancelling what it
-// had posted: the job ends right after.)
+// is left waiting on it. A failed transfer returns its error (the caller adds
+// context, and RunOnRanks ends the job), except when one of its sends is
+// still posted: MPI may read that send's buffer until the send completes, and
+// the caller, unwinding, would free it first (a rendezvous send's data moves
+// only once the peer has matched it, which after a failure may be never), so
+// the job ends there, with the failure's reason. A call that fails
+// partway through posting, such as an alltoallv, ends the same way: what it
+// had posted is cancelled (receives) or ends the job (sends), best effort,
+// since after an MPI error the library's state is undefined (MPI 4.0
+// section 9.3).
 #include <fmt/format.h>
 #include <mpi.h>
 
@@ -32,6 +38,13 @@ constexpr const char* kMaxMessageEnv = "DISTCA_MPI_MAX_MESSAGE";
 // Tags above the user range carry the collectives built from point-to-point.
 constexpr int kInternalTagBase = Comm::kMaxUserTag + 1;
 
+// Prints why this rank fails and ends every rank of the job.
+void AbortJob(int rank, int size, const Status& why) {
+  std::fprintf(stderr, "distca: rank %d of %d is aborting the job: %s\n", rank, size, why.ToString().c_str());
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
 Status MpiCheck(int rc, const char* what) {
   if (rc == MPI_SUCCESS) return Status::Ok();
   char text[MPI_MAX_ERROR_STRING] = {};
@@ -53,18 +66,14 @@ class MpiRequest : public CommRequest::Impl {
     bool done = false;
   };
   std::vector<Part> parts;
-  int rank = 0;
+  int rank = 0, size = 1;
 
   Status Wait() override {
     if (done_) return status_;
     for (Part& p : parts) {
       if (p.done) continue;
       MPI_Status st;
-      status_ = Complete(p, MPI_Wait(&p.request, &st), st);
-      if (!status_.ok()) {
-        CancelReceives();  // later messages may never come
-        break;
-      }
+      if (Status s = Complete(p, MPI_Wait(&p.request, &st), st); !s.ok()) return Fail(s);
     }
     done_ = true;
     return status_;
@@ -79,9 +88,7 @@ class MpiRequest : public CommRequest::Impl {
       const int rc = MPI_Test(&p.request, &flag, &st);
       if (rc != MPI_SUCCESS || flag != 0) {
         if (Status s = Complete(p, rc, st); !s.ok()) {
-          status_ = s;
-          CancelReceives();
-          done_ = true;  // Wait() reports it
+          (void)Fail(s);  // Wait() reports it
           return true;
         }
       } else {
@@ -91,12 +98,30 @@ class MpiRequest : public CommRequest::Impl {
     return all;
   }
 
+  // Ends the transfer with `why`. The receives still posted would match (and
+  // write into this buffer) messages of later transfers on the same peer and
+  // tag: they are cancelled. A send cannot be taken back (and a sender's
+  // surplus messages leave that peer and tag out of step: RunOnRanks ends
+  // the job on the error); one still posted ends the job here (see the top).
+  Status Fail(Status why) {
+    status_ = std::move(why);
+    done_ = true;
+    CancelReceives();
+    for (Part& p : parts) {
+      if (p.done) continue;
+      int flag = 0;
+      if (MPI_Test(&p.request, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || flag == 0) {
+        AbortJob(rank, size,
+                 Status(status_.code(), status_.message() +
+                                            " (a send of the failed transfer is still in flight and reads the "
+                                            "caller's buffer, so the job ends here)"));
+      }
+      p.done = true;
+    }
+    return status_;
+  }
+
  private:
-  // After a mismatch: the receives still posted would match (and write
-  // into this buffer) messages of later transfers on the same peer and tag;
-  // they are cancelled. (A sender's surplus messages cannot be taken back:
-  // after a mismatch that peer and tag stay out of step, and RunOnRanks
-  // ends the job on the error.)
   void CancelReceives() {
     for (Part& p : parts) {
       if (p.done || p.expected < 0) continue;
@@ -169,14 +194,14 @@ class MpiComm : public Comm {
   CommRequest ISend(const void* data, int64_t bytes, int peer, int tag) override {
     if (Status s = Check(peer, tag, bytes, "send"); !s.ok()) return CommRequest::Done(s);
     auto r = std::make_shared<MpiRequest>();
-    if (Status s = PostSend(data, bytes, peer, tag, r.get()); !s.ok()) return CommRequest::Done(s);
+    if (Status s = PostSend(data, bytes, peer, tag, r.get()); !s.ok()) return CommRequest::Done(r->Fail(s));
     return CommRequest(r);
   }
 
   CommRequest IRecv(void* data, int64_t bytes, int peer, int tag) override {
     if (Status s = Check(peer, tag, bytes, "recv"); !s.ok()) return CommRequest::Done(s);
     auto r = std::make_shared<MpiRequest>();
-    if (Status s = PostRecv(data, bytes, peer, tag, r.get()); !s.ok()) return CommRequest::Done(s);
+    if (Status s = PostRecv(data, bytes, peer, tag, r.get()); !s.ok()) return CommRequest::Done(r->Fail(s));
     return CommRequest(r);
   }
 
@@ -190,21 +215,17 @@ class MpiComm : public Comm {
     const auto* in = static_cast<const char*>(send);
     auto* out = static_cast<char*>(recv);
     for (int p = 0; p < size_; ++p) {
-      if (Status s = PostRecv(out, recv_counts[p], p, tag, r.get()); !s.ok()) return CommRequest::Done(s);
+      if (Status s = PostRecv(out, recv_counts[p], p, tag, r.get()); !s.ok()) return CommRequest::Done(r->Fail(s));
       out += recv_counts[p];
     }
     for (int p = 0; p < size_; ++p) {
-      if (Status s = PostSend(in, send_counts[p], p, tag, r.get()); !s.ok()) return CommRequest::Done(s);
+      if (Status s = PostSend(in, send_counts[p], p, tag, r.get()); !s.ok()) return CommRequest::Done(r->Fail(s));
       in += send_counts[p];
     }
     return CommRequest(r);
   }
 
-  void Abort(const Status& why) override {
-    std::fprintf(stderr, "distca: rank %d of %d is aborting the job: %s\n", rank_, size_, why.ToString().c_str());
-    std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 1);
-  }
+  void Abort(const Status& why) override { AbortJob(rank_, size_, why); }
 
  private:
   Status Check(int peer, int tag, int64_t bytes, const char* what) const {
@@ -226,6 +247,7 @@ class MpiComm : public Comm {
   Status Post(void* data, int64_t bytes, int peer, int tag, bool receive, MpiRequest* r) {
     auto* p = static_cast<char*>(data);
     r->rank = rank_;
+    r->size = size_;
     for (int64_t done = 0;;) {
       const int n = static_cast<int>(std::min(bytes - done, max_message_));
       MpiRequest::Part& part = r->parts.emplace_back();
