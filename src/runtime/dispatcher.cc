@@ -61,8 +61,9 @@ struct AttentionDispatcher::Layout {
 enum class ContextPhase { kIdle, kForwardStarted, kForwardServed, kForwardDone, kBackwardStarted, kBackwardServed };
 
 struct AttentionContext::State {
-  // A transfer still in flight writes into recv: wait for it (it ends, at
-  // the latest, at the comm's timeout) before the buffers go.
+  // A transfer still in flight writes into recv: wait for it before the
+  // buffers go (it ends, at the latest, at the local backend's timeout or
+  // with the MPI job's abort).
   ~State() {
     if (in_flight()) (void)request.Wait();
   }

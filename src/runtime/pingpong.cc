@@ -137,11 +137,32 @@ class PingPongExecutor::Impl {
   // After a failure: waits for every transfer still posted, so that none
   // outlives the call that posted it (the next call reuses the contexts the
   // comm thread polls, and the times its jobs add to). A transfer whose
-  // peers stopped ends at the comm's timeout.
+  // peers stopped ends at the local backend's timeout; under MPI it cannot
+  // hang, since every rank posts the exchanges in the same order (a live
+  // peer has posted what this rank waits for) and a failing rank aborts the
+  // job.
   Status Drain(Status s) {
     for (Nano& nano : nanos)
       if (nano.transfer.valid()) nano.transfer.wait();
     return s;
+  }
+
+  // Runs one group of a pass. An exception (a callback's, or std::bad_alloc
+  // from a buffer) is drained like an error, so that no transfer outlives
+  // the call either way, and becomes an error naming the layer and pass (the
+  // contexts stay usable: a phase that does not complete leaves its context
+  // idle).
+  template <class GroupFn>
+  Status RunGroup(GroupFn&& group, const char* pass, int layer) {
+    Status s;
+    try {
+      s = group();
+    } catch (const std::exception& e) {
+      s = Status::Internal(fmt::format("layer {}, {}: exception: {}", layer, pass, e.what()));
+    } catch (...) {
+      s = Status::Internal(fmt::format("layer {}, {}: unknown exception", layer, pass));
+    }
+    return s.ok() ? s : Drain(std::move(s));
   }
 
   Status ForwardGroup(LayerCallbacks& cb, int layer, const std::vector<int>& group) {
@@ -307,10 +328,9 @@ Status PingPongExecutor::Forward(LayerCallbacks& callbacks) {
   impl_->times = ExecutorTimes{};
   impl_->forward_done = false;
   for (int layer = 0; layer < impl_->options.layers; ++layer)
-    for (const std::vector<int>& group : impl_->Groups()) {
-      Status s = impl_->ForwardGroup(callbacks, layer, group);
-      if (!s.ok()) return impl_->Drain(std::move(s));
-    }
+    for (const std::vector<int>& group : impl_->Groups())
+      DISTCA_RETURN_IF_ERROR(
+          impl_->RunGroup([&] { return impl_->ForwardGroup(callbacks, layer, group); }, "forward", layer));
   impl_->forward_done = true;
   return Status::Ok();
 }
@@ -322,10 +342,9 @@ Status PingPongExecutor::Backward(LayerCallbacks& callbacks) {
   if (!impl_->forward_done) return Status::FailedPrecondition("Backward needs a preceding Forward that completed");
   impl_->forward_done = false;  // one backward per forward
   for (int layer = impl_->options.layers - 1; layer >= 0; --layer)
-    for (const std::vector<int>& group : impl_->Groups()) {
-      Status s = impl_->BackwardGroup(callbacks, layer, group);
-      if (!s.ok()) return impl_->Drain(std::move(s));
-    }
+    for (const std::vector<int>& group : impl_->Groups())
+      DISTCA_RETURN_IF_ERROR(
+          impl_->RunGroup([&] { return impl_->BackwardGroup(callbacks, layer, group); }, "backward", layer));
   return Status::Ok();
 }
 

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <stdexcept>
 #include <thread>
 
 #include "runtime/pingpong_testing.h"
@@ -108,49 +109,63 @@ TEST(PingPongTest, BackwardNeedsACompletedForward) {
   }
 }
 
+// How FailingOnceStack fails: it returns an error, or throws.
+enum class Failure { kError, kException };
+
 // A SyntheticStack whose BeforeAttention fails once, at one (layer, nano-batch).
 class FailingOnceStack : public SyntheticStack {
  public:
-  using SyntheticStack::SyntheticStack;
+  template <class... Args>
+  explicit FailingOnceStack(Failure how, Args&&... args) : SyntheticStack(std::forward<Args>(args)...), how_(how) {}
   Status BeforeAttention(int l, int n, float* q, float* k, float* v) override {
     if (l == 1 && n == 1 && !failed_) {
       failed_ = true;
+      if (how_ == Failure::kException) throw std::runtime_error("injected");
       return Status::Internal("injected");
     }
     return SyntheticStack::BeforeAttention(l, n, q, k, v);
   }
+  // What the executor's error says for the failure.
+  static const char* Message(Failure how) {
+    return how == Failure::kError ? "layer 1, nano-batch 1, before attention: injected"
+                                  : "layer 1, forward: exception: injected";
+  }
 
  private:
+  Failure how_;
   bool failed_ = false;
 };
 
-// A failure names where it happened, and leaves no transfer behind: the
-// other nano-batch's exchange, posted before the failure, is waited for, and
-// the next step runs as on a fresh executor, to the bit.
+// A failure (an error or an exception) names where it happened, and leaves
+// no transfer behind: the other nano-batch's exchange, posted before the
+// failure, is waited for, and the next step runs as on a fresh executor, to
+// the bit.
 TEST(PingPongTest, AFailureNamesItsPlaceAndTheNextStepRuns) {
   std::vector<Plan> plans;
   ASSERT_TRUE(NanoPlans({200, 100, 150, 50}, 2, PlanPolicy::kDistca, 4, 2, 8, &plans).ok());
-  for (BackwardMode mode : {BackwardMode::kStateless, BackwardMode::kCached}) {
-    PingPongOptions o = SmallStack(mode);
-    o.dispatch.exec.num_threads = 1;  // one-thread sums: the same bits run to run
-    const Status s = RunLocal(2, [&](Comm& c) -> Status {
-      std::unique_ptr<PingPongExecutor> clean, ex;
-      DISTCA_RETURN_IF_ERROR(PingPongExecutor::Create(&c, plans, o, &clean));
-      SyntheticStack reference(*clean, plans, 2, 4, 2, 8);
-      DISTCA_RETURN_IF_ERROR(clean->Forward(reference));
-      DISTCA_RETURN_IF_ERROR(clean->Backward(reference));
-      DISTCA_RETURN_IF_ERROR(PingPongExecutor::Create(&c, plans, o, &ex));
-      FailingOnceStack stack(*ex, plans, 2, 4, 2, 8);
-      const Status failed = ex->Forward(stack);
-      if (failed.message().find("layer 1, nano-batch 1, before attention: injected") == std::string::npos)
-        return Status::Internal("the failed forward: " + failed.ToString());
-      DISTCA_RETURN_IF_ERROR(ex->Forward(stack));
-      DISTCA_RETURN_IF_ERROR(ex->Backward(stack));
-      if (stack.Results() != reference.Results()) return Status::Internal("the step after the failure differs");
-      return Status::Ok();
-    });
-    EXPECT_TRUE(s.ok()) << (mode == BackwardMode::kCached ? "cached: " : "stateless: ") << s.ToString();
-  }
+  for (Failure how : {Failure::kError, Failure::kException})
+    for (BackwardMode mode : {BackwardMode::kStateless, BackwardMode::kCached}) {
+      PingPongOptions o = SmallStack(mode);
+      o.dispatch.exec.num_threads = 1;  // one-thread sums: the same bits run to run
+      const Status s = RunLocal(2, [&](Comm& c) -> Status {
+        std::unique_ptr<PingPongExecutor> clean, ex;
+        DISTCA_RETURN_IF_ERROR(PingPongExecutor::Create(&c, plans, o, &clean));
+        SyntheticStack reference(*clean, plans, 2, 4, 2, 8);
+        DISTCA_RETURN_IF_ERROR(clean->Forward(reference));
+        DISTCA_RETURN_IF_ERROR(clean->Backward(reference));
+        DISTCA_RETURN_IF_ERROR(PingPongExecutor::Create(&c, plans, o, &ex));
+        FailingOnceStack stack(how, *ex, plans, 2, 4, 2, 8);
+        const Status failed = ex->Forward(stack);
+        if (failed.message().find(FailingOnceStack::Message(how)) == std::string::npos)
+          return Status::Internal("the failed forward: " + failed.ToString());
+        DISTCA_RETURN_IF_ERROR(ex->Forward(stack));
+        DISTCA_RETURN_IF_ERROR(ex->Backward(stack));
+        if (stack.Results() != reference.Results()) return Status::Internal("the step after the failure differs");
+        return Status::Ok();
+      });
+      EXPECT_TRUE(s.ok()) << (how == Failure::kError ? "error, " : "exception, ")
+                          << (mode == BackwardMode::kCached ? "cached: " : "stateless: ") << s.ToString();
+    }
 }
 
 // A Comm whose nonblocking requests complete no earlier than `delay` after
@@ -222,17 +237,19 @@ class SlowComm : public Comm {
 TEST(PingPongTest, AFailureWaitsForTheTransfersItPosted) {
   std::vector<Plan> plans;
   ASSERT_TRUE(NanoPlans({200, 100, 150, 50}, 2, PlanPolicy::kDistca, 4, 2, 8, &plans).ok());
-  const Status s = RunLocal(2, [&](Comm& c) -> Status {
-    SlowComm slow(&c, std::chrono::milliseconds(300));
-    std::unique_ptr<PingPongExecutor> ex;
-    DISTCA_RETURN_IF_ERROR(PingPongExecutor::Create(&slow, plans, SmallStack(BackwardMode::kCached), &ex));
-    FailingOnceStack stack(*ex, plans, 2, 4, 2, 8);
-    if (ex->Forward(stack).ok()) return Status::Internal("the forward did not fail");
-    if (slow.pending() != 0)
-      return Status::Internal(fmt::format("{} transfers still in flight after the failed forward", slow.pending()));
-    return Status::Ok();
-  });
-  EXPECT_TRUE(s.ok()) << s.ToString();
+  for (Failure how : {Failure::kError, Failure::kException}) {
+    const Status s = RunLocal(2, [&](Comm& c) -> Status {
+      SlowComm slow(&c, std::chrono::milliseconds(300));
+      std::unique_ptr<PingPongExecutor> ex;
+      DISTCA_RETURN_IF_ERROR(PingPongExecutor::Create(&slow, plans, SmallStack(BackwardMode::kCached), &ex));
+      FailingOnceStack stack(how, *ex, plans, 2, 4, 2, 8);
+      if (ex->Forward(stack).ok()) return Status::Internal("the forward did not fail");
+      if (slow.pending() != 0)
+        return Status::Internal(fmt::format("{} transfers still in flight after the failed forward", slow.pending()));
+      return Status::Ok();
+    });
+    EXPECT_TRUE(s.ok()) << (how == Failure::kError ? "error: " : "exception: ") << s.ToString();
+  }
 }
 
 TEST(PingPongTest, TracesEverySpanAsChromeJson) {
