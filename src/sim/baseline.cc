@@ -90,9 +90,12 @@ Status RunContextParallel(const SimContext& ctx, const std::vector<CpStageCost>&
       t.p2p = k.PointToPoint(cc.tokens / c * k.HiddenBytesPerToken(), ctx.pipeline_inter_node);
       times.push_back(std::move(t));
       held.push_back(cc.tokens / c);
-      // The layer's gathered K/V (unless kept: counted below with the other
-      // layers') and their dK/dV partials.
-      buffer = std::max(buffer, c > 1 ? (cc.keeps_gathered_kv ? 1.0 : 2.0) * cc.tokens * k.KvBytesPerToken() : 0.0);
+      // Per-document CP (the gathered K/V kept, counted below with the other
+      // layers'): the layer's dK/dV partials for the whole micro-batch's K/V.
+      // Ring attention: a shard's K/V in use and the next one arriving, and
+      // in the backward their dK/dV travelling alongside.
+      const double cp_buffer_tokens = cc.keeps_gathered_kv ? cc.tokens : 4.0 * cc.tokens / c;
+      buffer = std::max(buffer, c > 1 ? cp_buffer_tokens * k.KvBytesPerToken() : 0.0);
 
       o.breakdown.forward_linear_s += cc.linear_f / d;
       o.breakdown.backward_linear_s += cc.linear_b / d;
@@ -126,6 +129,7 @@ Status RunContextParallel(const SimContext& ctx, const std::vector<CpStageCost>&
       // The last stage also holds the logits of the micro-batch it runs (the
       // largest one, for the bound).
       mem.logits_tokens = s == stages - 1 && !held.empty() ? held.front() : 0.0;
+      mem.working_tokens = held.empty() ? 0.0 : held.front();
       mem.buffer_bytes = buffer + kept_kv;
       for (int j = 0; j < c; ++j) {
         const size_t rank = size_t(s) * G + size_t(r) * c + j;

@@ -66,6 +66,7 @@ double CadMemoryBytes(const SimContext& ctx, int c, int buffer_copies) {
   mem.stage_params = ctx.stage_params;
   mem.optimizer_shards = ctx.optimizer_shards;
   mem.buffer_bytes = double(buffer_copies) * double(o.comm_budget) * o.tp;
+  mem.working_tokens = tokens;
   // The first stage holds the most waves in flight, the last one a single
   // wave and its logits; with one stage they are the same.
   mem.activation_tokens = tokens * ctx.CadInFlight(ctx.MicroBatchesPerReplica(c)) * ctx.stage_layers;
@@ -510,6 +511,7 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
         mem.optimizer_shards = ctx.optimizer_shards;
         mem.activation_tokens = held_max[r] * ctx.CadInFlight(m, s) * ctx.stage_layers;
         if (s == P - 1) mem.logits_tokens = held_max[r];  // the logits of its largest wave
+        mem.working_tokens = held_max[r];
       }
       mem.buffer_bytes = artifact_loop
                              ? kDistcaArtifactBufferCopies * std::max(double(opt.comm_budget) * opt.tp, buffer_need)

@@ -29,8 +29,19 @@ RankCosts::RankCosts(const ModelConfig& m, const HardwareProfile& hw, int tp, bo
   backward_linear_factor_ =
       kBackwardLinearFactor + (recompute_mlp ? mlp_flops_per_token / linear_flops_per_token_ : 0.0);
   backward_collectives_factor_ = kBackwardLinearFactor + (recompute_mlp ? 0.5 : 0.0);
-  activation_bytes_per_token_ = (12 * h + 4 * h_kv + (recompute_mlp ? 0.0 : 6.0 * m.ffn_hidden)) * hw.dtype_bytes / 2.0;
+  // Kept per token and layer (docs/simulator.md "Memory"): the two norms'
+  // inputs 4h, QKV input, Q, K, V and the O projection's input 6h + 4h_kv,
+  // the MLP's input, gate/up and SwiGLU outputs 2h + 6F. With the MLP
+  // recomputed (Megatron's selective "mlp" checkpoint on Transformer
+  // Engine's layer spec, whose pre-MLP norm is fused into fc1 and so
+  // recomputed with it) only the checkpoint's input stays, which is the
+  // pre-MLP norm's input already counted: 10h + 4h_kv.
+  const double kept_elements = recompute_mlp ? 10.0 * h + 4.0 * h_kv : 12.0 * h + 4.0 * h_kv + 6.0 * m.ffn_hidden;
+  activation_bytes_per_token_ = kept_elements * hw.dtype_bytes / 2.0;
   logits_bytes_per_token_ = double(m.vocab_size) * (hw.dtype_bytes + 4.0);
+  backward_working_bytes_per_token_ =
+      (tp * ((tp > 1 ? h : 0.0) + h) + 2.0 * m.ffn_hidden + (recompute_mlp ? 3.0 * m.ffn_hidden : 0.0)) *
+      hw.dtype_bytes;
   pre_attention_share_ = (h + 2 * h_kv) / (2 * h + 2 * h_kv + 3.0 * m.ffn_hidden);
   // The rank's heads: tensor parallelism splits them (K/V heads are
   // replicated when there are fewer than tp). Of the tables with the
@@ -113,8 +124,11 @@ double DeviceMemoryBytes(const RankCosts& costs, const MemoryInput& in) {
   const double dt = costs.DtypeBytes(), full = std::max(4.0, dt);
   const double optimizer = 2.0 * full + (dt < full ? full : 0.0);
   const double states = in.stage_params * (dt + full) + in.stage_params * optimizer / std::max(1, in.optimizer_shards);
-  const double activations =
-      in.activation_tokens * costs.ActivationBytesPerToken() + in.logits_tokens * costs.LogitsBytesPerToken();
+  // The logits live while the loss and the output layer's backward run,
+  // before any layer's backward, whose transient peak comes after them.
+  const double activations = in.activation_tokens * costs.ActivationBytesPerToken() +
+                             std::max(in.logits_tokens * costs.LogitsBytesPerToken(),
+                                      in.working_tokens * costs.BackwardWorkingBytesPerToken());
   return (states + activations + in.buffer_bytes + in.server_bytes) / costs.tp();
 }
 

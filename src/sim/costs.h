@@ -137,7 +137,9 @@ class RankCosts {
   // block 6h + 4h_kv (the QKV input, Q, K and V, the output that feeds the
   // O projection), MLP 2h + 6 ffn (its input, the gate and up outputs, the
   // SwiGLU output), the two norms' inputs 4h; times dtype_bytes / 2. With
-  // the MLP recomputed, its 6 ffn are dropped (its input stays). For a
+  // the MLP recomputed, its 6 ffn and its input's 2h are dropped (the input
+  // is the pre-MLP norm's, fused into fc1 in Transformer Engine's layer
+  // spec and recomputed with it). For a
   // 4h-GeLU MLP with dropout this is Korthikanti et al. 2022's 34 s b h;
   // Llama-3-8B happens to land on 34 h too, Llama-34B on 28.6 h.
   double ActivationBytesPerToken() const { return activation_bytes_per_token_; }
@@ -149,6 +151,16 @@ class RankCosts {
   // vocab * (dtype_bytes + 4). With sequence parallelism every tp device
   // computes all of the rank's tokens against its vocab / tp columns.
   double LogitsBytesPerToken() const { return logits_bytes_per_token_; }
+  // Bytes per token on one rank (all tp devices) of the transient tensors a
+  // layer's backward pass holds at its peak, the MLP's fc1 (the widest
+  // GEMM): with sequence parallelism each device re-gathers the rank's whole
+  // sequence of the fc1 input for the weight gradient (h a token, tp > 1)
+  // and computes the input gradient for the whole sequence before its
+  // reduce-scatter (h), next to the gradient of fc1's output (2 ffn / tp);
+  // with the MLP recomputed also the recomputed fc1 and SwiGLU outputs
+  // (3 ffn / tp), which the activations do not count. In elements of
+  // dtype_bytes: tp (h [tp > 1] + h) + 2 ffn (+ 3 ffn).
+  double BackwardWorkingBytesPerToken() const { return backward_working_bytes_per_token_; }
   // Share of a layer's context-independent FLOPs that run before core
   // attention in the forward pass (the QKV projection): (h + 2 h_kv) /
   // (2h + 2 h_kv + 3 ffn). The rest (O projection, MLP) runs after it; the
@@ -178,6 +190,7 @@ class RankCosts {
   double linear_flops_per_token_, head_flops_per_token_, attention_flops_per_pair_;
   double backward_linear_factor_, backward_collectives_factor_;
   double kv_bytes_per_token_, hidden_bytes_per_token_, activation_bytes_per_token_, logits_bytes_per_token_;
+  double backward_working_bytes_per_token_;
   double pre_attention_share_;
   double tp_comm_per_token_ = 0, tp_comm_latency_ = 0;  // per layer, forward (HardwareProfile::tp_collectives)
 };
@@ -188,6 +201,7 @@ struct MemoryInput {
   int optimizer_shards = 1;      // ranks the distributed optimizer shards over
   double activation_tokens = 0;  // tokens whose activations are held at once, times layers of the stage
   double logits_tokens = 0;      // last stage: tokens of the micro-batch whose logits are live (else 0)
+  double working_tokens = 0;     // tokens of the largest micro-batch the rank runs (a layer's backward peak)
   double buffer_bytes = 0;       // KV all-gather or CAD send + receive buffers (whole rank)
   // CAD without the resend (whole rank): what a server keeps for the
   // backward net of the Q/K/V its owners drop; may be negative.

@@ -445,12 +445,34 @@ TEST(RankCostsTest, PhaseShares) {
   EXPECT_DOUBLE_EQ(k.BeforeAttentionShare(true), 7.0 / 9);
 }
 
+// A layer backward's transient peak (fc1's): with sequence parallelism the
+// re-gathered input and the full-sequence input gradient (tp h each), the
+// gradient of fc1's output (2 ffn); recomputed, also fc1's and SwiGLU's
+// outputs (3 ffn). Without tensor parallelism nothing is gathered.
+TEST(RankCostsTest, BackwardWorkingSet) {
+  EXPECT_DOUBLE_EQ(RankCosts(TestModel(), TestProfile(), 2).BackwardWorkingBytesPerToken(),
+                   (2 * (64 + 64) + 2 * 128) * 2.0);
+  EXPECT_DOUBLE_EQ(RankCosts(TestModel(), TestProfile(), 2, /*recompute_mlp=*/true).BackwardWorkingBytesPerToken(),
+                   (2 * (64 + 64) + 5 * 128) * 2.0);
+  EXPECT_DOUBLE_EQ(RankCosts(TestModel(), TestProfile(), 1).BackwardWorkingBytesPerToken(), (64 + 2 * 128) * 2.0);
+  // The logits come and go before a layer's backward: the larger of the two
+  // counts, per device of tp 2.
+  sim::MemoryInput in;
+  in.logits_tokens = in.working_tokens = 100;
+  EXPECT_DOUBLE_EQ(sim::DeviceMemoryBytes(RankCosts(TestModel(), TestProfile(), 2), in), 100 * 256 * 6.0 / 2);
+  ModelConfig small_vocab = TestModel();
+  small_vocab.vocab_size = 32;
+  EXPECT_DOUBLE_EQ(sim::DeviceMemoryBytes(RankCosts(small_vocab, TestProfile(), 2), in), 100 * 1024.0 / 2);
+}
+
 TEST(RankCostsTest, MlpRecomputation) {
   const RankCosts k(TestModel(), TestProfile(), 2, /*recompute_mlp=*/true);
   // The MLP is 6 * 64 * 128 = 49152 of the 73728 forward FLOPs per token;
   // the backward reruns it: 2 + 2/3.
   EXPECT_DOUBLE_EQ(k.BackwardLinearFactor(), 2.0 + 2.0 / 3);
-  EXPECT_DOUBLE_EQ(k.ActivationBytesPerToken(), 896.0);  // the MLP's 6 ffn dropped
+  // The MLP's 6 ffn and its input's 2h go (the input is the pre-MLP norm's,
+  // fused into fc1 and recomputed with it): 10 x 64 + 4 x 64 elements.
+  EXPECT_DOUBLE_EQ(k.ActivationBytesPerToken(), 896.0 - 128.0);
   // After attention only the QKV projection's backward, 2 x 2/9 of the
   // forward time, remains.
   EXPECT_NEAR(k.BeforeAttentionShare(true), 1.0 - (4.0 / 9) / (8.0 / 3), 1e-15);

@@ -65,8 +65,12 @@ Expected Pick(const SimOptions& base, const std::vector<std::vector<int64_t>>& b
 TEST(SearchParallelismTest, FastestShapeThatFitsPerStrategy) {
   SimOptions o = TestOptions();
   o.gpus = 4;
-  o.batch_size = 4;         // divisible by every shape's ranks per stage (4, 2, 2, 1)
-  o.model.vocab_size = 32;  // small logits: pp 2 (half the weights per stage) needs less memory
+  o.batch_size = 4;  // divisible by every shape's ranks per stage (4, 2, 2, 1)
+  // Small logits and 8 layers: pp 2 (half the weights per stage) needs less
+  // memory than the fastest shape, pp 1, whose layers' backward working set
+  // is the same.
+  o.model.vocab_size = 32;
+  o.model.num_layers = 8;
   const std::vector<std::vector<int64_t>> batches = {{2048, 1024, 512, 256, 128, 64, 32, 32}, {4096}};
   const std::vector<SimStrategy> strategies = {SimStrategy::kWlbIdeal, SimStrategy::kMegatron, SimStrategy::kDistca,
                                                SimStrategy::kColocated};

@@ -22,6 +22,11 @@ using sim_test::TestOptions;
 // far below any modeling difference.
 constexpr double kRel = 1e-12;
 
+// The test model's layer backward working set, bytes per token on a rank of
+// tp 2: tp (h + h) + 2 ffn = 2 x 128 + 256 elements of 2 bytes. It sets the
+// peak on every stage but the last, whose logits (256 x 6 B) are larger.
+constexpr double kWork = 1024;
+
 using sim_test::Contains;
 
 SimResult SimulateOne(const SimOptions& o, const std::vector<std::vector<int64_t>>& batches, SimStrategy strategy) {
@@ -81,12 +86,30 @@ TEST(MegatronTest, ContextParallelPaysTheAllGather) {
   EXPECT_EQ(r.cp, 2);
   // Memory per device (tp 2): bf16 weights + fp32 grads, the optimizer over
   // the 2 ranks, one micro-batch's 512 tokens x 2 layers of 1664 bytes and
-  // their logits (256 x (2 + 4) bytes each), and the gathered K/V plus their
-  // dK/dV partials (2 x 1024 x 128 bytes).
+  // their logits (256 x (2 + 4) bytes each), and ring attention's two K/V
+  // shards and their dK/dV (4 x 512 x 128 bytes; at CP 2 as much as the
+  // chunk's gathered K/V and partials).
   const double params = double(ParameterCount(o.model));
-  const double mem = (params * 6 + params * 12 / 2 + 512.0 * 2 * 1664 + 512.0 * 1536 + 2 * 1024.0 * 128) / 2;
+  const double mem = (params * 6 + params * 12 / 2 + 512.0 * 2 * 1664 + 512.0 * 1536 + 4 * 512.0 * 128) / 2;
   EXPECT_NEAR(r.memory_max_bytes, mem, mem * kRel);
   EXPECT_TRUE(r.memory_fits);
+}
+
+TEST(MegatronTest, RingAttentionHoldsTwoShardsAndTheirGradients) {
+  // 4 ranks (8 devices, tp 2), CP 4, one replica running four 1024-token
+  // chunks: each rank holds 256 tokens. Ring attention holds the shard's
+  // K/V in use and the next one arriving, and in the backward their dK/dV:
+  // 4 x 256 tokens x 128 B, half of the chunk's gathered K/V plus partials
+  // (2 x 1024 x 128 B) that an all-gather would hold.
+  SimOptions o = TestOptions();
+  o.gpus = 8;
+  o.batch_size = 4;
+  o.cp = 4;
+  const SimResult r = SimulateOne(o, {{1024, 1024, 1024, 1024}}, SimStrategy::kMegatron);
+  ASSERT_EQ(r.cp, 4);
+  const double params = double(ParameterCount(o.model));
+  const double mem = (params * 6 + params * 12 / 4 + 256.0 * 2 * 1664 + 256.0 * 1536 + 4 * 256.0 * 128) / 2;
+  EXPECT_NEAR(r.memory_max_bytes, mem, mem * kRel);
 }
 
 TEST(MegatronTest, SweepPicksTheFasterCp) {
@@ -171,8 +194,8 @@ TEST(WlbIdealTest, KeepsEveryLayersGatheredKv) {
   // Same micro-batches (one 1024 document each, 512 tokens per rank, K/V
   // 128 B a token). Per-document CP keeps the other rank's 512 tokens of
   // K/V for both layers (131072 B) and adds only the dK/dV partials of one
-  // layer (1024 rows, 131072 B); megatron's ring keeps none but holds one
-  // layer's gathered K/V and their partials (262144 B).
+  // layer (1024 rows, 131072 B); megatron's ring keeps none but holds two
+  // shards' K/V and their dK/dV (4 x 512 rows, 262144 B).
   const double params = double(ParameterCount(o.model));
   // Per rank: states (bf16, sharded over the 2 ranks), 2 layers x 1664 B of
   // activations and 1536 B of logits for 512 tokens; per device of tp 2.
@@ -813,21 +836,23 @@ TEST(CadTest, ArtifactBufferRoundsUpToWholeGiBPlusAHalf) {
 TEST(CadTest, NominalMemoryTakesTheLargerOfTheFirstAndLastStage) {
   // 4 devices, tp 2, pp 2: one rank per stage, one layer each, B = 2 chunks
   // of 1024: at c = 1 two waves of 1024 tokens a rank. The first stage holds
-  // both waves' activations (2 x 1024 x 1664 B), the last one wave's and its
-  // logits (1024 x (1664 + 256 x 6) B); each half the weights, the
-  // optimizer unsharded (one rank per stage), no buffer (budget 0); per
-  // device of tp 2.
+  // both waves' activations (2 x 1024 x 1664 B) and a layer backward's
+  // working set (1024 x kWork), the last one wave's and its logits (1024 x
+  // (1664 + 256 x 6) B); each half the weights, the optimizer unsharded (one
+  // rank per stage), no buffer (budget 0); per device of tp 2.
   SimOptions o = TestOptions();
   o.pp = 2;
   o.comm_budget = 0;
   const double half = double(ParameterCount(o.model)) / 2;
-  const double first = (half * 18 + 2 * 1024.0 * 1664) / 2, last = (half * 18 + 1024.0 * (1664 + 1536)) / 2;
+  const double first = (half * 18 + 2 * 1024.0 * 1664 + 1024.0 * kWork) / 2,
+               last = (half * 18 + 1024.0 * (1664 + 1536)) / 2;
   ASSERT_GT(first, last);
   EXPECT_NEAR(sim::CadMemoryBytes(sim::SimContext(o), 1), first, first * kRel);
   // A vocabulary 4x larger: the last stage's logits dominate.
   o.model.vocab_size = 1024;
   const double half_v = double(ParameterCount(o.model)) / 2;
-  const double first_v = (half_v * 18 + 2 * 1024.0 * 1664) / 2, last_v = (half_v * 18 + 1024.0 * (1664 + 6144)) / 2;
+  const double first_v = (half_v * 18 + 2 * 1024.0 * 1664 + 1024.0 * kWork) / 2,
+               last_v = (half_v * 18 + 1024.0 * (1664 + 6144)) / 2;
   ASSERT_GT(last_v, first_v);
   EXPECT_NEAR(sim::CadMemoryBytes(sim::SimContext(o), 1), last_v, last_v * kRel);
 }
@@ -884,7 +909,7 @@ TEST(CadTest, DistcaBalancesItsWavesByTokensWithPipelineStages) {
   // The buffer: DistCA's allocated four times (two dispatchers, each with a
   // send and a receive buffer); distca's, what its exchanges move, apart.
   auto stage0 = [&](double tokens, double copies) {
-    return (half * (6 + 12.0 / 2) + 2 * tokens * 1664 + copies * 1e9 * 2) / 2;
+    return (half * (6 + 12.0 / 2) + 2 * tokens * 1664 + tokens * kWork + copies * 1e9 * 2) / 2;
   };
   const double four = sim::kDistcaArtifactBufferCopies;
   sim::BatchOutcome distca, paper;
@@ -932,7 +957,8 @@ TEST(CadTest, AlignedTicksHoldTwoPipelineDepthsLessOneWaves) {
     // exchanges move, reported apart.
     const bool paper = s == SimStrategy::kDistcaPaper;
     for (int r : {0, 1}) {
-      const double stage0 = (states + 3 * 512 * 1664.0 + (paper ? sim::kDistcaArtifactBufferCopies * buffer : 0)) / 2;
+      const double stage0 =
+          (states + 3 * 512 * 1664.0 + 512 * kWork + (paper ? sim::kDistcaArtifactBufferCopies * buffer : 0)) / 2;
       const double stage1 =
           (states + 512 * 1664.0 + 512 * 1536.0 + (paper ? sim::kDistcaArtifactBufferCopies * buffer : 0)) / 2;
       const double own0 = paper ? 0 : out.buffer_bytes[r], own1 = paper ? 0 : out.buffer_bytes[2 + r];
@@ -1018,7 +1044,8 @@ TEST(PipelineStrategiesTest, OneFOneBAgainstAlignedTicks) {
   // (128 + 16) B a row) and K/V (128 B), then dQ (128 B) and fp32 dK/dV
   // (256 B): 800 B a row, 400 a device.
   const double states = double(ParameterCount(o.model)) / 2 * (6 + 12);
-  const double first = (states + 2 * 1024.0 * 1664) / 2, last = (states + 1024.0 * 1664 + 1024.0 * 1536) / 2;
+  const double first = (states + 2 * 1024.0 * 1664 + 1024.0 * kWork) / 2,
+               last = (states + 1024.0 * 1664 + 1024.0 * 1536) / 2;
   for (const SimResult* r : {&mega, &distca}) {
     const double buffers = r == &distca ? 1024.0 * 400 : 0.0;
     EXPECT_NEAR(r->memory_max_bytes, std::max(first, last) + buffers, first * kRel);
