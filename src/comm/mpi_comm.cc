@@ -65,8 +65,8 @@ class MpiRequest : public CommRequest::Impl {
     int64_t transfer_bytes = 0;  // the whole transfer's size, for messages
     bool done = false;
   };
+  MpiRequest(int rank, int size) : rank_(rank), size_(size) {}
   std::vector<Part> parts;
-  int rank = 0, size = 1;
 
   Status Wait() override {
     if (done_) return status_;
@@ -111,7 +111,7 @@ class MpiRequest : public CommRequest::Impl {
       if (p.done) continue;
       int flag = 0;
       if (MPI_Test(&p.request, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || flag == 0) {
-        AbortJob(rank, size,
+        AbortJob(rank_, size_,
                  Status(status_.code(), status_.message() +
                                             " (a send of the failed transfer is still in flight and reads the "
                                             "caller's buffer, so the job ends here)"));
@@ -141,10 +141,11 @@ class MpiRequest : public CommRequest::Impl {
     return Status::Ok();
   }
   Status Mismatch(const Part& p, const char* got) const {
-    return Status::InvalidArgument(fmt::format("rank {} expected {} bytes from rank {} (tag {}), got {}", rank,
+    return Status::InvalidArgument(fmt::format("rank {} expected {} bytes from rank {} (tag {}), got {}", rank_,
                                                p.transfer_bytes, p.peer, p.tag, got));
   }
 
+  const int rank_, size_;  // this rank and the job's size, for messages
   bool done_ = false;
   Status status_;
 };
@@ -193,14 +194,14 @@ class MpiComm : public Comm {
 
   CommRequest ISend(const void* data, int64_t bytes, int peer, int tag) override {
     if (Status s = Check(peer, tag, bytes, "send"); !s.ok()) return CommRequest::Done(s);
-    auto r = std::make_shared<MpiRequest>();
+    auto r = std::make_shared<MpiRequest>(rank_, size_);
     if (Status s = PostSend(data, bytes, peer, tag, r.get()); !s.ok()) return CommRequest::Done(r->Fail(s));
     return CommRequest(r);
   }
 
   CommRequest IRecv(void* data, int64_t bytes, int peer, int tag) override {
     if (Status s = Check(peer, tag, bytes, "recv"); !s.ok()) return CommRequest::Done(s);
-    auto r = std::make_shared<MpiRequest>();
+    auto r = std::make_shared<MpiRequest>(rank_, size_);
     if (Status s = PostRecv(data, bytes, peer, tag, r.get()); !s.ok()) return CommRequest::Done(r->Fail(s));
     return CommRequest(r);
   }
@@ -211,7 +212,7 @@ class MpiComm : public Comm {
     // A tag of its own per call, so that overlapping alltoallvs never match
     // each other's messages (collective order is the same on every rank).
     const int tag = kInternalTagBase + static_cast<int>(collectives_++ % (Comm::kMaxUserTag + 1));
-    auto r = std::make_shared<MpiRequest>();
+    auto r = std::make_shared<MpiRequest>(rank_, size_);
     const auto* in = static_cast<const char*>(send);
     auto* out = static_cast<char*>(recv);
     for (int p = 0; p < size_; ++p) {
@@ -246,8 +247,6 @@ class MpiComm : public Comm {
   }
   Status Post(void* data, int64_t bytes, int peer, int tag, bool receive, MpiRequest* r) {
     auto* p = static_cast<char*>(data);
-    r->rank = rank_;
-    r->size = size_;
     for (int64_t done = 0;;) {
       const int n = static_cast<int>(std::min(bytes - done, max_message_));
       MpiRequest::Part& part = r->parts.emplace_back();

@@ -126,10 +126,10 @@ Status RunContextParallel(const SimContext& ctx, const std::vector<CpStageCost>&
       mem.stage_params = ctx.stage_params;
       mem.optimizer_shards = ctx.optimizer_shards;
       mem.activation_tokens = act;
-      // The last stage also holds the logits of the micro-batch it runs (the
-      // largest one, for the bound).
-      mem.logits_tokens = s == stages - 1 && !held.empty() ? held.front() : 0.0;
+      // A layer backward's working set is that of the largest micro-batch,
+      // and the last stage also holds its logits (for the bound).
       mem.working_tokens = held.empty() ? 0.0 : held.front();
+      mem.logits_tokens = s == stages - 1 ? mem.working_tokens : 0.0;
       mem.buffer_bytes = buffer + kept_kv;
       for (int j = 0; j < c; ++j) {
         const size_t rank = size_t(s) * G + size_t(r) * c + j;

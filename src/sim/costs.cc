@@ -29,13 +29,8 @@ RankCosts::RankCosts(const ModelConfig& m, const HardwareProfile& hw, int tp, bo
   backward_linear_factor_ =
       kBackwardLinearFactor + (recompute_mlp ? mlp_flops_per_token / linear_flops_per_token_ : 0.0);
   backward_collectives_factor_ = kBackwardLinearFactor + (recompute_mlp ? 0.5 : 0.0);
-  // Kept per token and layer (docs/simulator.md "Memory"): the two norms'
-  // inputs 4h, QKV input, Q, K, V and the O projection's input 6h + 4h_kv,
-  // the MLP's input, gate/up and SwiGLU outputs 2h + 6F. With the MLP
-  // recomputed (Megatron's selective "mlp" checkpoint on Transformer
-  // Engine's layer spec, whose pre-MLP norm is fused into fc1 and so
-  // recomputed with it) only the checkpoint's input stays, which is the
-  // pre-MLP norm's input already counted: 10h + 4h_kv.
+  // The tensors each count is made of: ActivationBytesPerToken and
+  // BackwardWorkingBytesPerToken in costs.h.
   const double kept_elements = recompute_mlp ? 10.0 * h + 4.0 * h_kv : 12.0 * h + 4.0 * h_kv + 6.0 * m.ffn_hidden;
   activation_bytes_per_token_ = kept_elements * hw.dtype_bytes / 2.0;
   logits_bytes_per_token_ = double(m.vocab_size) * (hw.dtype_bytes + 4.0);
