@@ -141,6 +141,19 @@ def main():
                 v = speedups(grids[key], strategy, model)
                 print(f"- {model} {strategy}: {span(v)}x, {in_range(v, lo, hi)} of {len(v)} in {lo:.2f}-{hi:.2f}")
 
+    print("\n## Whole documents (--packing whole: documents capped at L, none cut at chunk boundaries)\n")
+    for which in ("3d", "4d"):
+        rows, seconds = sim.grid(which, os.path.join(out, which + "-whole"), "--packing", "whole")
+        whole = configs(rows)
+        for model, lo, hi in [("llama3-8b", 1.07 if which == "3d" else 1.15, 1.20 if which == "3d" else 1.30),
+                              ("llama-34b", 1.07 if which == "3d" else 0.0, 1.20 if which == "3d" else 1.15)]:
+            for strategy in ("distca-paper", "distca"):
+                v = speedups(whole, strategy, model)
+                print(f"- {which} {model} {strategy}: {span(v)}x, {in_range(v, lo, hi)} of {len(v)} in "
+                      f"{lo:.2f}-{hi:.2f}")
+        idle = lambda grid: span([100 * float(s["wlb-ideal"]["idle_fraction"]) for s in grid.values()])
+        print(f"- {which} wlb-ideal idle {idle(whole)}% (chunks: {idle(grids[which])}%)")
+
     if a.seeds > 1:
         print(f"\n## Sampling: distca-paper's speedup over seeds 0-{a.seeds - 1} (30 batches each)\n")
         for which, lo8, hi8, lo34, hi34 in (("3d", 1.07, 1.20, 1.07, 1.20), ("4d", 1.15, 1.30, 0.0, 1.15)):

@@ -36,7 +36,7 @@ struct Args {
   distca::cli::ModelFlags model{"llama3-8b"};
   std::string hardware = "configs/hardware/h200-dgx.json";
   std::string lengths, docs_file, strategies = "wlb-ideal,megatron,distca-paper,distca";
-  std::string paper_grid, out_dir, wlb_scope = "per-micro-batch", wire;
+  std::string paper_grid, out_dir, wlb_scope = "per-micro-batch", wire, packing = "chunks";
   distca::WorkloadRecipe recipe;
   distca::GridRecipe grid_recipe;
   SimOptions sim;
@@ -59,12 +59,18 @@ Status Sample(const std::vector<int64_t>& pool, const Args& a, const SimOptions&
               std::vector<std::vector<int64_t>>* batches) {
   distca::WorkloadRecipe r = a.recipe;
   r.tokens_per_batch = int64_t{o.batch_size} * o.max_doc_len;
-  r.max_doc_len = o.max_doc_len;
+  if (a.packing == "chunks") {
+    // The DistCA artifact's batches: L-token chunks, a document longer than
+    // the room left continuing in the next chunk (so no cap is needed).
+    r.chunk_tokens = o.max_doc_len;
+  } else {
+    r.max_doc_len = o.max_doc_len;
+  }
   r.elongate = elongate;
   return distca::SampleBatches(pool, r, a.batches, batches);
 }
 
-nlohmann::json ToJson(const SimOptions& o, const SimResult& r) {
+nlohmann::json ToJson(const Args& a, const SimOptions& o, const SimResult& r) {
   const distca::SimBreakdown& b = r.breakdown;
   return {{"strategy", distca::SimStrategyName(r.strategy)},
           {"model", o.model.name},
@@ -73,6 +79,7 @@ nlohmann::json ToJson(const SimOptions& o, const SimResult& r) {
           {"pp", o.pp},
           {"max_doc_len", o.max_doc_len},
           {"batch_size", o.batch_size},
+          {"packing", a.docs_file.empty() ? a.packing : "docs-file"},
           {"ping_pong", o.ping_pong},
           {"grad_sync", o.grad_sync},
           {"distributed_optimizer", o.distributed_optimizer},
@@ -199,7 +206,7 @@ int RunGrid(const Args& a, const std::vector<int64_t>& pool, const std::vector<d
     if (!s.ok()) return Fail(fmt::format("{}: {}", p.Label(), s.message()));
     std::string line = fmt::format("{:<14}", p.Label());
     for (const SimResult& r : results) {
-      csv += distca::GridCsvRow(p, r, o);
+      csv += distca::GridCsvRow(p, r, o, a.packing);
       line += fmt::format("  {} {:.3f}s {}", distca::SimStrategyName(r.strategy), r.iteration_s,
                           r.speedup > 0 ? fmt::format("{:.3f}x", r.speedup) : "-");
     }
@@ -251,7 +258,7 @@ int RunToleranceSweep(const Args& a, const std::vector<std::vector<int64_t>>& ba
     for (const SimResult& r : results) {
       csv += distca::ToleranceCsvRow(eps, r);
       if (a.json)
-        fmt::print("{}\n", ToJson(o, r).dump());
+        fmt::print("{}\n", ToJson(a, o, r).dump());
       else
         fmt::print("{:>5.2f} {:<13} {:>9.4f} {:>8.3f}GB {:>10.1f}GB\n", eps, distca::SimStrategyName(r.strategy),
                    r.iteration_s, r.max_buffer_bytes * 1e-9, r.bytes_moved * 1e-9);
@@ -282,7 +289,7 @@ int RunSearch(const Args& a, const std::vector<std::vector<int64_t>>& batches,
       SimOptions o = a.sim;
       o.tp = c.tp;
       o.pp = c.pp;
-      nlohmann::json j = ToJson(o, c.result);
+      nlohmann::json j = ToJson(a, o, c.result);
       j["search"] = "best";
       fmt::print("{}\n", j.dump());
     }
@@ -353,6 +360,11 @@ int Run(int argc, char** argv) {
       ->check(CLI::Range(0.0, 1.0));
   app.add_option("--elongate", a.recipe.elongate, "length multiplier (Default: 1; grid: L / 64K)")->check(pos);
   app.add_option("--seed", a.recipe.seed, "sampling seed (Default: 0)");
+  app.add_option("--packing", a.packing,
+                 "how sampled documents fill a batch: chunks (the DistCA artifact's: B chunks of exactly L tokens, a "
+                 "document cut at a chunk's end continuing in the next chunk as a document of its own) or whole "
+                 "(documents capped at L and kept whole, the last one cut at the batch's end) (Default: chunks)")
+      ->check(CLI::IsMember({"chunks", "whole"}));
   app.add_option("--strategies", a.strategies,
                  "comma-separated from wlb-ideal, megatron, distca-paper, distca, colocated (Default: "
                  "wlb-ideal,megatron,distca-paper,distca)");
@@ -509,6 +521,7 @@ int Run(int argc, char** argv) {
           "--max-doc-len and --batch-size");
     if (const char* flag = distca::cli::FirstGiven(app, distca::cli::kSamplingFlags))
       return Fail(distca::cli::SamplingWithDocsFile(flag));
+    if (app.count("--packing") > 0) return Fail(distca::cli::SamplingWithDocsFile("--packing"));
     if (o.gpus == 0) return Fail("--gpus is required");
     SimOptions shape = o;  // the parallel shape alone, before the docs file sets L and B
     shape.max_doc_len = shape.batch_size = 1;
@@ -558,7 +571,7 @@ int Run(int argc, char** argv) {
   s = distca::Simulate(o, batches, strategies, &results);
   if (!s.ok()) return Fail(s.message());
   if (a.json) {
-    for (const SimResult& r : results) fmt::print("{}\n", ToJson(o, r).dump());
+    for (const SimResult& r : results) fmt::print("{}\n", ToJson(a, o, r).dump());
     return 0;
   }
   const int ranks = o.gpus / (o.tp * o.pp);
@@ -570,10 +583,10 @@ int Run(int argc, char** argv) {
                                                    : "")
                                  : fmt::format("{:.3g} chunk(s) per rank", double(o.batch_size) / ranks);
   fmt::print(
-      "{} on {} ({} GPUs: tp {}, pp {}, {} ranks per stage), L {}, B {} ({}), {} batches, ping-pong {}, gradient sync "
-      "{}\n",
+      "{} on {} ({} GPUs: tp {}, pp {}, {} ranks per stage), L {}, B {} ({}), {} batches{}, ping-pong {}, gradient "
+      "sync {}\n",
       o.model.name, o.hardware.name, o.gpus, o.tp, o.pp, ranks, o.max_doc_len, o.batch_size, layout, batches.size(),
-      o.ping_pong ? "on" : "off",
+      a.docs_file.empty() ? fmt::format(" ({} packing)", a.packing) : "", o.ping_pong ? "on" : "off",
       o.grad_sync && !results.empty() ? fmt::format("{:.1f} ms", results.front().grad_sync_s * 1e3) : "off");
   PrintTable(results, a.breakdown);
   fmt::print("simulated in {:.2f} s\n", timer.Seconds());

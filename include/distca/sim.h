@@ -407,8 +407,10 @@ Status PaperGrid(std::string_view dims, std::vector<GridPoint>* points, const Gr
 std::string GridCsvHeader();
 // run: the point's SimOptions, whose run-wide settings (wlb_scope, ping_pong,
 // wire, comm_budget, tolerance, servers, gradient sync, optimizer sharding)
-// are columns of their own.
-std::string GridCsvRow(const GridPoint& point, const SimResult& result, const SimOptions& run);
+// are columns of their own; packing: how the sampled documents filled the
+// batches (distca-sim's --packing), the last column.
+std::string GridCsvRow(const GridPoint& point, const SimResult& result, const SimOptions& run,
+                       std::string_view packing);
 // A gnuplot script drawing speedup-over-wlb-ideal bars per configuration, one
 // bar per strategy (like the paper's Figures 9 and 10), from a CSV written
 // with GridCsvHeader/GridCsvRow, into a PNG.

@@ -26,7 +26,12 @@ Status ReadBatchesFile(const std::string& path, std::vector<std::vector<int64_t>
 // probability filter_ratio, every length is multiplied by `elongate` (capped at
 // max_doc_len), and the shuffled pool is packed greedily into batches of
 // exactly tokens_per_batch tokens (a document that does not fit is cut to the
-// room left; the rest of it is dropped).
+// room left; the rest of it is dropped). With chunk_tokens, the DistCA
+// artifact's packing instead (`batch_documents` in its
+// d2/simulator/optimizers/samples.py): the documents fill chunks of exactly
+// chunk_tokens tokens, and one that does not fit is cut at the chunk's end,
+// its rest starting the next chunk (of the next batch, at a batch's end), as
+// a document of its own.
 // The most tokens one sampled or streamed batch may hold (about a million
 // documents of the Pretrain distribution): 256x the paper's largest batch
 // (128 chunks of 128K).
@@ -44,6 +49,7 @@ struct WorkloadRecipe {
   double filter_ratio = 1.0;           // in (0, 1]. Default: 1 (keep all)
   double elongate = 1.0;               // > 0. Default: 1
   int64_t max_doc_len = 0;             // 0 = no cap. Default: 0
+  int64_t chunk_tokens = 0;            // 0 = whole documents; > 0: divides tokens_per_batch. Default: 0
   uint64_t seed = 0;                   // Default: 0
 };
 

@@ -103,6 +103,9 @@ Status SampleBatches(const std::vector<int64_t>& pool, const WorkloadRecipe& r, 
   if (count < 0) return Status::InvalidArgument("batch count must be >= 0");
   if (count > kMaxSampledBatches)
     return Status::OutOfRange(fmt::format("{} batches is above the limit of {}", count, kMaxSampledBatches));
+  if (r.chunk_tokens < 0 || (r.chunk_tokens > 0 && r.tokens_per_batch % r.chunk_tokens != 0))
+    return Status::InvalidArgument(fmt::format("chunk tokens must be 0 or divide the {} tokens per batch, got {}",
+                                               r.tokens_per_batch, r.chunk_tokens));
   std::mt19937_64 rng(r.seed);
   std::vector<int64_t> docs;
   DISTCA_RETURN_IF_ERROR(TransformPool(pool, r, &rng, &docs));
@@ -121,18 +124,27 @@ Status SampleBatches(const std::vector<int64_t>& pool, const WorkloadRecipe& r, 
   batches->clear();
   size_t next = docs.size();  // reshuffle on first use
   int64_t emitted = 0;        // documents in all batches so far: bounded like the pool
+  int64_t rest = 0;           // chunked: what is left of a document cut at a chunk's end
+  const int64_t chunk = r.chunk_tokens > 0 ? r.chunk_tokens : r.tokens_per_batch;
   for (int b = 0; b < count; ++b) {
     std::vector<int64_t> batch;
-    int64_t room = r.tokens_per_batch;
-    while (room > 0) {
-      if (++emitted > kMaxSampledDocuments) return too_many(b);
-      if (next == docs.size()) {
-        std::shuffle(docs.begin(), docs.end(), rng);
-        next = 0;
+    for (int64_t filled = 0; filled < r.tokens_per_batch; filled += chunk) {
+      int64_t room = chunk;
+      while (room > 0) {
+        if (++emitted > kMaxSampledDocuments) return too_many(b);
+        if (rest == 0) {
+          if (next == docs.size()) {
+            std::shuffle(docs.begin(), docs.end(), rng);
+            next = 0;
+          }
+          rest = docs[next++];
+        }
+        const int64_t len = std::min(rest, room);
+        batch.push_back(len);
+        room -= len;
+        // Whole documents: the rest of a cut one is dropped.
+        rest = r.chunk_tokens > 0 ? rest - len : 0;
       }
-      const int64_t len = std::min(docs[next++], room);
-      batch.push_back(len);
-      room -= len;
     }
     batches->push_back(std::move(batch));
   }

@@ -81,6 +81,57 @@ TEST(WorkloadTest, SamplesExactBudgetsDeterministically) {
   EXPECT_NE(a, b);
 }
 
+// The DistCA artifact's packing (chunk_tokens): a document that does not fit
+// is cut at the chunk's end and its rest opens the next chunk, across
+// batches too. With one length in the pool the stream is 7, 7, 7, ...
+// whatever the shuffle, so the batches can be written by hand.
+TEST(WorkloadTest, ChunkedPackingCarriesTheRest) {
+  WorkloadRecipe r;
+  r.tokens_per_batch = 10;
+  r.chunk_tokens = 5;
+  std::vector<std::vector<int64_t>> batches;
+  ASSERT_TRUE(SampleBatches({7}, r, 3, &batches).ok());
+  // 7 = 5 | 2 ; 7 = 3 | 4 ; 7 = 1 | 5 + 1 ; 7 = 4 | 3 ; 7 = 2 ...
+  const std::vector<std::vector<int64_t>> expected = {{5, 2, 3}, {4, 1, 5}, {1, 4, 3, 2}};
+  EXPECT_EQ(batches, expected) << ::testing::PrintToString(batches);
+  // Whole documents: the rest of a cut one is dropped.
+  r.chunk_tokens = 0;
+  ASSERT_TRUE(SampleBatches({7}, r, 2, &batches).ok());
+  EXPECT_EQ(batches, (std::vector<std::vector<int64_t>>{{7, 3}, {7, 3}}));
+}
+
+TEST(WorkloadTest, ChunkedPackingFillsEveryChunkExactly) {
+  std::vector<int64_t> pool(300);
+  std::iota(pool.begin(), pool.end(), 1);
+  pool.push_back(5000);  // longer than a chunk: split over chunks, not capped
+  WorkloadRecipe r;
+  r.tokens_per_batch = 4 * 1024;
+  r.chunk_tokens = 1024;
+  r.upsample = 8;
+  r.upsample_threshold = 5000;
+  r.elongate = 1.5;
+  r.seed = 5;
+  std::vector<std::vector<int64_t>> batches;
+  ASSERT_TRUE(SampleBatches(pool, r, 20, &batches).ok());
+  int64_t full_chunk_pieces = 0;
+  for (const auto& batch : batches) {
+    int64_t at = 0;
+    for (int64_t len : batch) {
+      ASSERT_GT(len, 0);
+      // No piece crosses a chunk boundary.
+      ASSERT_LE(at % r.chunk_tokens + len, r.chunk_tokens);
+      full_chunk_pieces += len == r.chunk_tokens;
+      at += len;
+    }
+    EXPECT_EQ(at, r.tokens_per_batch);
+  }
+  EXPECT_GT(full_chunk_pieces, 0);  // the 7500-token documents fill whole chunks
+  r.chunk_tokens = 1000;
+  EXPECT_TRUE(Contains(SampleBatches(pool, r, 1, &batches), "chunk tokens must be 0 or divide the 4096 tokens"));
+  r.chunk_tokens = -1;
+  EXPECT_TRUE(Contains(SampleBatches(pool, r, 1, &batches), "chunk tokens"));
+}
+
 TEST(WorkloadTest, RecipeArguments) {
   std::vector<std::vector<int64_t>> out;
   WorkloadRecipe r;

@@ -1397,17 +1397,17 @@ TEST(GridTest, PaperGridShapesAndCsv) {
   run.tolerance = 0.1;
   run.dedicated_servers = 2;
   run.grad_sync = false;
-  const std::string row = GridCsvRow(points[0], r, run);
+  const std::string row = GridCsvRow(points[0], r, run, "whole");
   EXPECT_EQ(std::count(header.begin(), header.end(), ','), std::count(row.begin(), row.end(), ','));
   EXPECT_NE(row.find(",distca-paper,"), std::string::npos);
   // The last columns: micro-batches, MLP recomputation (128K: none), scope,
-  // gradient sync seconds, then the run's settings.
-  const std::string settings = ",0,distca,1000,0.1,2,0,1\n";
+  // gradient sync seconds, then the run's settings and the packing.
+  const std::string settings = ",0,distca,1000,0.1,2,0,1,whole\n";
   EXPECT_NE(row.find("," + std::to_string(points[0].micro_batches) + ",0,whole-batch,0.125000" + settings),
             std::string::npos)
       << row;
   EXPECT_NE(header.find(",wlb_scope,grad_sync_s,ping_pong,wire,comm_budget,tolerance,servers,grad_sync,"
-                        "distributed_optimizer\n"),
+                        "distributed_optimizer,packing\n"),
             std::string::npos);
   // A whole row, every column.
   r.iteration_s = 1.5;
@@ -1422,7 +1422,7 @@ TEST(GridTest, PaperGridShapesAndCsv) {
   r.cp = 4;
   r.tolerance_used = 0.05;
   const GridPoint& g = points[0];
-  EXPECT_EQ(GridCsvRow(g, r, run),
+  EXPECT_EQ(GridCsvRow(g, r, run, "whole"),
             g.Label() + "," + g.model + "," + std::to_string(g.gpus) + "," + std::to_string(g.tp) + "," +
                 std::to_string(g.pp) + "," + std::to_string(g.max_doc_len) + "," + std::to_string(g.batch_size) +
                 ",distca-paper,1.500000,12345.6,1.2345,0.0625,12.500,10.250,1,3.500,2.1250,4,0.050," +
