@@ -104,13 +104,12 @@ TEST(WorkloadTest, ChunkedPackingFillsEveryChunkExactly) {
   std::vector<int64_t> pool(300);
   std::iota(pool.begin(), pool.end(), 1);
   pool.push_back(5000);  // longer than a chunk: split over chunks, not capped
-  WorkloadRecipe r;
-  r.tokens_per_batch = 4 * 1024;
-  r.chunk_tokens = 1024;
-  r.upsample = 8;
-  r.upsample_threshold = 5000;
-  r.elongate = 1.5;
-  r.seed = 5;
+  WorkloadRecipe r{.tokens_per_batch = 4 * 1024,
+                   .upsample = 8,
+                   .upsample_threshold = 5000,
+                   .elongate = 1.5,
+                   .chunk_tokens = 1024,
+                   .seed = 5};
   std::vector<std::vector<int64_t>> batches;
   ASSERT_TRUE(SampleBatches(pool, r, 20, &batches).ok());
   int64_t full_chunk_pieces = 0;
