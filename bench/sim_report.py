@@ -215,6 +215,28 @@ def main():
             v = speedups(picked, strategy, model)
             print(f"- {model} {strategy}: {span(v)}x, {in_range(v, 1.07, 1.20)} of {len(v)} in 1.07-1.20")
 
+    print("\n## 3D with wlb-ideal held at CP = nodes (DP 1, the artifact's wlbllm-cpMax runs)\n")
+    held = {}
+    for name, s in grids["3d"].items():
+        w = s["wlb-ideal"]
+        L = int(w["max_doc_len"])
+        nodes = int(w["gpus"]) // 8
+        args = ["--model", w["model"], "--gpus", w["gpus"], "--tp", w["tp"], "--max-doc-len", w["max_doc_len"],
+                "--batch-size", w["batch_size"], "--micro-batches", w["micro_batches"], "--elongate",
+                str(L // (64 * K)), "--cp", str(nodes), "--strategies", "wlb-ideal,distca-paper"]
+        if w["recompute_mlp"] in ("1", "true", "True"):
+            args.append("--recompute-mlp")
+        by = {r["strategy"]: r for r in sim.json(*args)}
+        fits = by["wlb-ideal"]["memory_fits"]
+        speedup = by["distca-paper"]["speedup_over_wlb_ideal"]
+        if fits:
+            held.setdefault(w["model"], []).append(speedup)
+        print(f"- {name}: cp {nodes}, wlb-ideal idle {100 * by['wlb-ideal']['idle_fraction']:.1f}%"
+              f"{'' if fits else ' (over memory)'}; distca-paper {speedup:.3f}x "
+              f"(swept: cp {w['cp']}, {float(s['distca-paper']['speedup']):.3f}x)")
+    for model, v in held.items():
+        print(f"- {model}, where cp = nodes fits: {span(v)}x, {in_range(v, 1.07, 1.20)} of {len(v)} in 1.07-1.20")
+
     print("\n## 4D, pp searched per strategy (--search --tp 8; each strategy's best shape against wlb-ideal's)\n")
     start = time.perf_counter()
     pp1 = {"wlb-ideal": 0, "distca-paper": 0, "distca": 0}
