@@ -36,7 +36,7 @@ struct Args {
   distca::cli::ModelFlags model{"llama3-8b"};
   std::string hardware = "configs/hardware/h200-dgx.json";
   std::string lengths, docs_file, strategies = "wlb-ideal,megatron,distca-paper,distca";
-  std::string paper_grid, out_dir, wlb_scope = "per-micro-batch", wire, packing = "chunks";
+  std::string paper_grid, out_dir, wlb_scope = "whole-batch-artifact-cap", wire, packing = "chunks";
   distca::WorkloadRecipe recipe;
   distca::GridRecipe grid_recipe;
   SimOptions sim;
@@ -385,8 +385,9 @@ int Run(int argc, char** argv) {
   app.add_flag("--no-grad-sync", a.no_grad_sync,
                "leave out the data-parallel gradient sync that closes each iteration (as if fully overlapped)");
   app.add_option("--wlb-scope", a.wlb_scope,
-                 "with --micro-batches: what wlb-ideal balances at once: per-micro-batch (Default), whole-batch, "
-                 "whole-batch-artifact-cap");
+                 "with --micro-batches: what wlb-ideal balances at once: whole-batch-artifact-cap (Default: the "
+                 "whole batch, the cap as the DistCA artifact's WLB benchmark computes it), whole-batch, "
+                 "per-micro-batch");
   app.add_flag("--recompute-mlp", o.recompute_mlp,
                "recompute the MLP in the backward pass too (its 6 x ffn activation bytes per token and layer are "
                "not kept; the DistCA artifact's selective checkpointing)");
@@ -578,7 +579,7 @@ int Run(int argc, char** argv) {
   const std::string layout = o.micro_batches > 0
                                  ? fmt::format("{} micro-batch(es) per replica{}{}", o.micro_batches,
                                                o.recompute_mlp ? ", MLP recomputed" : "",
-                                               o.wlb_scope != distca::WlbScope::kPerMicroBatch
+                                               o.wlb_scope != distca::WlbScope::kWholeBatchArtifactCap
                                                    ? fmt::format(", wlb scope {}", distca::WlbScopeName(o.wlb_scope))
                                                    : "")
                                  : fmt::format("{:.3g} chunk(s) per rank", double(o.batch_size) / ranks);

@@ -173,8 +173,9 @@ struct SimOptions {
   // Default: false
   bool recompute_mlp = false;
   // wlb-ideal with micro_batches set: what its balancer sees at once
-  // (docs/simulator.md, "wlb-ideal"). Default: kPerMicroBatch
-  WlbScope wlb_scope = WlbScope::kPerMicroBatch;
+  // (docs/simulator.md, "wlb-ideal"). Default: kWholeBatchArtifactCap, as
+  // the DistCA artifact's WLB benchmark calls its balancer
+  WlbScope wlb_scope = WlbScope::kWholeBatchArtifactCap;
   int dedicated_servers = 0;  // distca: extra attention-only ranks per stage. Default: 0
   // CAD: two nano-batches overlapping compute and traffic; off: one plan per
   // wave, its traffic exposed (distca-train --ping-pong off). Default: on
