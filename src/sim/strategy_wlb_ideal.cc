@@ -6,15 +6,15 @@
 //   2 L) balancing the WLB cost (WlbPack), assigned to the replicas by
 //   longest-processing-time-first on their simulated time ("ideal": exact
 //   knowledge), B / d each;
-// - m per replica (the DistCA artifact's runs): the batch's documents, in
-//   order, form m groups of about B L / m tokens (one per micro-batch, as
-//   the artifact draws each micro-batch's chunks from its loader), and each
-//   group is repacked into d bins of at most its tokens / d by the
-//   artifact's balancer (WlbBalance); bin r goes to replica r. With
-//   WlbScope::kWholeBatch, the whole batch is repacked at once into d m bins
-//   of at most B L / (d m) tokens, bin i to replica i mod d; with
-//   kWholeBatchArtifactCap the same with the cap m times smaller, as the
-//   artifact's test_megatron_e2e_pipeline.py passes it.
+// - m per replica (the DistCA artifact's runs), by SimOptions::wlb_scope
+//   (docs/simulator.md, "wlb-ideal"): kWholeBatchArtifactCap (default)
+//   repacks the whole batch at once into d m bins with the artifact's
+//   balancer (WlbBalance), bin i to replica i mod d, under a cap m times
+//   smaller than a bin's share B L / (d m), as the artifact's WLB benchmark
+//   (tests/test_wlb_e2e.py) passes it; kWholeBatch the same with the cap at
+//   the share; kPerMicroBatch forms m groups of about B L / m tokens from
+//   the batch's documents in order and repacks each into d bins of at most
+//   its tokens / d, bin r to replica r.
 // Both packers' workload breakpoint is where a document's attention FLOPs equal its
 //   linear FLOPs, l = linear FLOPs per token / (2 D Hq): 53K tokens for
 //   Llama-3-8B, 84K for Llama-34B (the artifact's scripts set 64000 and
