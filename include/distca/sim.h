@@ -128,14 +128,15 @@ Status ParseSimStrategies(std::string_view list, std::vector<SimStrategy>* strat
 // forms the m micro-batches of each of the d replicas.
 enum class WlbScope {
   // Each micro-batch's documents over the d replicas, cap: their tokens / d
-  // (the artifact's 4D WLB benchmark, tests/test_wlb_e2e.py).
+  // (the earliest, functional version of the artifact's WLB test,
+  // tests/test_wlb_e2e.py; the default until 2026-12-01).
   kPerMicroBatch,
   // The whole batch over all d m micro-batches, cap: B L / (d m).
   kWholeBatch,
-  // As the artifact's test_megatron_e2e_pipeline.py calls it: the whole
-  // batch over d m micro-batches with a cap m times below a micro-batch's
-  // share, so that most documents are set aside and then placed by workload
-  // alone.
+  // As the artifact's WLB benchmark (tests/test_wlb_e2e.py, the versions
+  // that run its sweeps) calls it: the whole batch over d m micro-batches
+  // with a cap m times below a micro-batch's share, so that most documents
+  // are set aside and then placed by workload alone. The default.
   kWholeBatchArtifactCap,
 };
 const char* WlbScopeName(WlbScope scope);
@@ -161,8 +162,8 @@ struct SimOptions {
   // per replica at CP degree c; CAD: waves of G / c_min chunks). m >= 1: the
   // DistCA artifact's convention, every strategy runs the iteration's B L
   // tokens as m micro-batches per replica, each rank holding B L / (m G)
-  // tokens of one: wlb-ideal repacks each micro-batch's B L / m tokens into
-  // d bins of at most B L / (d m) with the artifact's balancer, megatron
+  // tokens of one: wlb-ideal repacks the batch's documents into its d m
+  // micro-batches with the artifact's balancer (wlb_scope), megatron
   // gives each replica B / d chunks in m groups, CAD runs m waves over all G
   // ranks. Default: 0
   int micro_batches = 0;
