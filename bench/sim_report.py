@@ -96,6 +96,20 @@ def grid_with_artifact_buffers(sim, out, name, *args):
     return {n: by_budget[artifact_buffer_gib(next(iter(s.values())))][n] for n, s in by_budget[4].items()}
 
 
+# The paper's ranges of distca-paper's speedup over wlb-ideal, per grid and model.
+PAPER_RANGES = {"3d": {"llama3-8b": (1.07, 1.20), "llama-34b": (1.07, 1.20)},
+                "4d": {"llama3-8b": (1.15, 1.30), "llama-34b": (0.0, 1.15)}}
+
+
+def point_args(w):
+    """distca-sim flags that rerun a grid configuration (its wlb-ideal CSV row)
+    outside the grid, with its Pretrain elongation and MLP recomputation."""
+    args = ["--model", w["model"], "--gpus", w["gpus"], "--tp", w["tp"], "--max-doc-len", w["max_doc_len"],
+            "--batch-size", w["batch_size"], "--micro-batches", w["micro_batches"], "--elongate",
+            str(int(w["max_doc_len"]) // (64 * K))]
+    return args + (["--recompute-mlp"] if w["recompute_mlp"] in ("1", "true", "True") else [])
+
+
 def speedups(grid, strategy, model):
     return [float(s[strategy]["speedup"]) for n, s in grid.items() if s[strategy]["model"] == model]
 
@@ -135,8 +149,7 @@ def main():
         grids[key] = configs(rows)
         print(f"\n## {title} ({seconds:.1f} s)\n")
         grid_table(grids[key])
-        for model, lo, hi in [("llama3-8b", 1.07 if which == "3d" else 1.15, 1.20 if which == "3d" else 1.30),
-                              ("llama-34b", 1.07 if which == "3d" else 0.0, 1.20 if which == "3d" else 1.15)]:
+        for model, (lo, hi) in PAPER_RANGES[which].items():
             for strategy in ("distca-paper", "distca"):
                 v = speedups(grids[key], strategy, model)
                 print(f"- {model} {strategy}: {span(v)}x, {in_range(v, lo, hi)} of {len(v)} in {lo:.2f}-{hi:.2f}")
@@ -145,8 +158,7 @@ def main():
     for which in ("3d", "4d"):
         rows, seconds = sim.grid(which, os.path.join(out, which + "-whole"), "--packing", "whole")
         whole = configs(rows)
-        for model, lo, hi in [("llama3-8b", 1.07 if which == "3d" else 1.15, 1.20 if which == "3d" else 1.30),
-                              ("llama-34b", 1.07 if which == "3d" else 0.0, 1.20 if which == "3d" else 1.15)]:
+        for model, (lo, hi) in PAPER_RANGES[which].items():
             for strategy in ("distca-paper", "distca"):
                 v = speedups(whole, strategy, model)
                 print(f"- {which} {model} {strategy}: {span(v)}x, {in_range(v, lo, hi)} of {len(v)} in "
@@ -156,14 +168,14 @@ def main():
 
     if a.seeds > 1:
         print(f"\n## Sampling: distca-paper's speedup over seeds 0-{a.seeds - 1} (30 batches each)\n")
-        for which, lo8, hi8, lo34, hi34 in (("3d", 1.07, 1.20, 1.07, 1.20), ("4d", 1.15, 1.30, 0.0, 1.15)):
+        for which in ("3d", "4d"):
             runs = [grids[which]] + [configs(sim.grid(which, os.path.join(out, f"{which}-seed{seed}"), "--seed",
                                                       str(seed), "--strategies", "wlb-ideal,distca-paper")[0])
                                      for seed in range(1, a.seeds)]
             spread, inside = [], 0
             for name, s in grids[which].items():
                 v = [float(r[name]["distca-paper"]["speedup"]) for r in runs]
-                lo, hi = (lo8, hi8) if s["wlb-ideal"]["model"] == "llama3-8b" else (lo34, hi34)
+                lo, hi = PAPER_RANGES[which][s["wlb-ideal"]["model"]]
                 spread.append(max(v) - min(v))
                 inside += in_range(v, lo, hi) > 0
                 print(f"- {which} {name}: {min(v):.3f}-{max(v):.3f}")
@@ -210,23 +222,18 @@ def main():
               f"(eps {float(p['tolerance_used']):.2f}, {float(p['memory_max_gb']):.1f} GB), distca "
               f"{float(d['speedup']):.3f}x (2 GiB: {float(s['distca-paper']['speedup']):.3f}x / "
               f"{float(s['distca']['speedup']):.3f}x)")
-    for model in ("llama3-8b", "llama-34b"):
+    for model, (lo, hi) in PAPER_RANGES["3d"].items():
         for strategy in ("distca-paper", "distca"):
             v = speedups(picked, strategy, model)
-            print(f"- {model} {strategy}: {span(v)}x, {in_range(v, 1.07, 1.20)} of {len(v)} in 1.07-1.20")
+            print(f"- {model} {strategy}: {span(v)}x, {in_range(v, lo, hi)} of {len(v)} in {lo:.2f}-{hi:.2f}")
 
     print("\n## 3D with wlb-ideal held at CP = nodes (DP 1, the artifact's wlbllm-cpMax runs)\n")
     held = {}
     for name, s in grids["3d"].items():
         w = s["wlb-ideal"]
-        L = int(w["max_doc_len"])
-        nodes = int(w["gpus"]) // 8
-        args = ["--model", w["model"], "--gpus", w["gpus"], "--tp", w["tp"], "--max-doc-len", w["max_doc_len"],
-                "--batch-size", w["batch_size"], "--micro-batches", w["micro_batches"], "--elongate",
-                str(L // (64 * K)), "--cp", str(nodes), "--strategies", "wlb-ideal,distca-paper"]
-        if w["recompute_mlp"] in ("1", "true", "True"):
-            args.append("--recompute-mlp")
-        by = {r["strategy"]: r for r in sim.json(*args)}
+        nodes = int(w["gpus"]) // int(w["tp"])  # one tp-8 rank per node: CP over every rank
+        by = {r["strategy"]: r for r in sim.json(*point_args(w), "--cp", str(nodes), "--strategies",
+                                                 "wlb-ideal,distca-paper")}
         fits = by["wlb-ideal"]["memory_fits"]
         speedup = by["distca-paper"]["speedup_over_wlb_ideal"]
         if fits:
@@ -235,7 +242,8 @@ def main():
               f"{'' if fits else ' (over memory)'}; distca-paper {speedup:.3f}x "
               f"(swept: cp {w['cp']}, {float(s['distca-paper']['speedup']):.3f}x)")
     for model, v in held.items():
-        print(f"- {model}, where cp = nodes fits: {span(v)}x, {in_range(v, 1.07, 1.20)} of {len(v)} in 1.07-1.20")
+        lo, hi = PAPER_RANGES["3d"][model]
+        print(f"- {model}, where cp = nodes fits: {span(v)}x, {in_range(v, lo, hi)} of {len(v)} in {lo:.2f}-{hi:.2f}")
 
     print("\n## 4D, pp searched per strategy (--search --tp 8; each strategy's best shape against wlb-ideal's)\n")
     start = time.perf_counter()
@@ -244,13 +252,8 @@ def main():
     points = grids["4d"]
     for name, s in points.items():
         w = s["wlb-ideal"]
-        L = int(w["max_doc_len"])
-        args = ["--model", w["model"], "--gpus", w["gpus"], "--max-doc-len", w["max_doc_len"], "--batch-size",
-                w["batch_size"], "--micro-batches", w["micro_batches"], "--elongate", str(L // (64 * K)),
-                "--tp", w["tp"], "--search", "--strategies", "wlb-ideal,distca-paper,distca"]
-        if w["recompute_mlp"] in ("1", "true", "True"):
-            args.append("--recompute-mlp")
-        best = {r["strategy"]: r for r in sim.json(*args)}
+        best = {r["strategy"]: r for r in sim.json(*point_args(w), "--search", "--strategies",
+                                                   "wlb-ideal,distca-paper,distca")}
         for strategy in pp1:
             pp1[strategy] += best[strategy]["pp"] == 1
         for strategy in ("distca-paper", "distca"):
