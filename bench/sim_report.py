@@ -4,7 +4,8 @@ prints the tables and ranges that docs/simulator.md ("Results") and
 docs/performance.md ("Simulator") record, so that they can be regenerated
 after any change to the simulator or a hardware profile.
 
-Usage: bench/sim_report.py [--bin build/bin/distca-sim] [--hardware FILE] [--out DIR] [--seeds N]
+Usage: bench/sim_report.py [--bin build/bin/distca-sim] [--hardware FILE] [--set FIELD=VALUE ...] [--out DIR]
+                           [--seeds N]
 (relative paths are taken from the repository root). Needs only python3
 (Debian's) and a built distca-sim; takes 30-50 s on 2 cores.
 """
@@ -25,13 +26,15 @@ K = 1024
 
 
 class Sim:
-    def __init__(self, binary, hardware):
-        self.binary, self.hardware = binary, hardware
+    def __init__(self, binary, hardware, overrides):
+        self.binary, self.hardware, self.overrides = binary, hardware, overrides
 
     def run(self, *args):
         cmd = [self.binary, "--threads", "2", *PRETRAIN, *args]
         if self.hardware:
             cmd += ["--hardware", self.hardware]
+        for spec in self.overrides:
+            cmd += ["--hardware-set", spec]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
             sys.exit(f"{' '.join(cmd)} failed:\n{done.stderr}")
@@ -118,12 +121,15 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bin", default="build/bin/distca-sim")
     ap.add_argument("--hardware", default="", help="profile (default: distca-sim's, h200-dgx)")
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                    help="change a field of the profile for every run (distca-sim --hardware-set), e.g. "
+                         "network.inter_node.bandwidth=25e9; repeatable")
     ap.add_argument("--out", default="", help="keep the grids' CSV and charts here")
     ap.add_argument("--seeds", type=int, default=1,
                     help="also run the grids with seeds 1..N-1 and print each configuration's spread (default 1: seed 0 only)")
     a = ap.parse_args()
     at_root = lambda p: p if not p or os.path.isabs(p) else os.path.join(ROOT, p)
-    sim = Sim(at_root(a.bin), at_root(a.hardware))
+    sim = Sim(at_root(a.bin), at_root(a.hardware), a.set)
     out = at_root(a.out) if a.out else tempfile.mkdtemp(prefix="sim-report-")
 
     print("## Calibration point (8 nodes, 8B, 128K, CP 8; paper: CA 35 / 104 ms, linear 43-45 / 82-85, "

@@ -35,6 +35,7 @@ int Fail(const std::string& message) {
 struct Args {
   distca::cli::ModelFlags model{"llama3-8b"};
   std::string hardware = "configs/hardware/h200-dgx.json";
+  std::vector<std::string> hardware_set;  // FIELD=VALUE overrides of the profile
   std::string lengths, docs_file, strategies = "wlb-ideal,megatron,distca-paper,distca";
   std::string paper_grid, out_dir, wlb_scope = "whole-batch-artifact-cap", wire, packing = "chunks";
   distca::WorkloadRecipe recipe;
@@ -74,6 +75,7 @@ nlohmann::json ToJson(const Args& a, const SimOptions& o, const SimResult& r) {
   const distca::SimBreakdown& b = r.breakdown;
   return {{"strategy", distca::SimStrategyName(r.strategy)},
           {"model", o.model.name},
+          {"hardware", o.hardware.name},
           {"gpus", o.gpus},
           {"tp", o.tp},
           {"pp", o.pp},
@@ -338,6 +340,11 @@ int Run(int argc, char** argv) {
   const auto nonneg = distca::cli::kNonNegative;
   a.model.Add(app, "preset: llama3-8b, llama-34b, small, tiny (Default: llama3-8b)", "override the vocabulary");
   app.add_option("--hardware", a.hardware, "hardware profile JSON (Default: configs/hardware/h200-dgx.json)");
+  app.add_option("--hardware-set", a.hardware_set,
+                 "FIELD=VALUE: change one field of the hardware profile, FIELD a dotted path into its JSON, array "
+                 "elements by index, VALUE JSON (e.g. network.inter_node.bandwidth=25e9, attention_tables.0.scale=1); "
+                 "repeatable")
+      ->allow_extra_args(false);
   app.add_option("--gpus", o.gpus, "devices N (a multiple of tp x pp)")->check(pos);
   app.add_option("--tp", o.tp, "tensor parallelism: devices per rank (Default: 8)")->check(pos);
   app.add_option("--pp", o.pp, "pipeline stages (Default: 1)")->check(pos);
@@ -439,7 +446,7 @@ int Run(int argc, char** argv) {
   s = distca::ParseSimStrategies(a.strategies, &strategies);
   if (!s.ok()) return Fail(s.message());
   if (a.hardware.empty()) return Fail("--hardware: the path is empty");
-  s = distca::LoadHardwareProfile(FindHardware(a.hardware), &o.hardware);
+  s = distca::LoadHardwareProfile(FindHardware(a.hardware), &o.hardware, a.hardware_set);
   if (!s.ok()) return Fail(s.message());
   if (a.lengths.empty() == a.docs_file.empty()) return Fail("give exactly one of --lengths and --docs-file");
   if (!a.out_dir.empty() && a.paper_grid.empty() && !a.tolerance_sweep)

@@ -103,7 +103,13 @@ struct HardwareProfile {
 // is only named here (its csv stays empty); LoadHardwareProfile also reads
 // and checks the table file.
 Status ParseHardwareProfile(std::string_view json, HardwareProfile* profile);
-Status LoadHardwareProfile(const std::string& path, HardwareProfile* profile);
+// `overrides` change fields of the file's profile before it is validated
+// (sensitivity studies: what if the NIC ran at 25 GB/s), each "FIELD=VALUE":
+// FIELD a dotted path into the JSON, array elements by index
+// ("network.inter_node.bandwidth", "attention_tables.0.scale"), VALUE JSON
+// text. The profile's checks hold for the result, and its name lists them.
+Status LoadHardwareProfile(const std::string& path, HardwareProfile* profile,
+                           const std::vector<std::string>& overrides = {});
 // A loaded table: its csv (and, when it names a forward_file or has a
 // forward_csv, that one too) read and valid, the forward table on the
 // table's grid and below it at every point.

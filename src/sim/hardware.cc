@@ -1,5 +1,6 @@
 // Hardware profiles: JSON parsing, validation, the attention-efficiency curve.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -7,8 +8,11 @@
 #include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "common/file_util.h"
 #include "common/json_text.h"
@@ -135,24 +139,8 @@ Status Tables(const json& j, std::vector<AttentionTable>* out) {
   return Status::Ok();
 }
 
-}  // namespace
-
-double HardwareProfile::AttentionEfficiency(double q_len) const {
-  const auto& c = attention_efficiency;
-  if (c.empty()) return 1.0;
-  if (q_len <= c.front().first) return c.front().second;
-  if (q_len >= c.back().first) return c.back().second;
-  size_t i = 1;
-  while (c[i].first < q_len) ++i;
-  const double x0 = std::log2(c[i - 1].first), x1 = std::log2(c[i].first);
-  const double t = (std::log2(q_len) - x0) / (x1 - x0);
-  return c[i - 1].second + t * (c[i].second - c[i - 1].second);
-}
-
-Status ParseHardwareProfile(std::string_view text, HardwareProfile* profile) {
-  if (profile == nullptr) return Status::InvalidArgument("profile is null");
-  json j;
-  DISTCA_RETURN_IF_ERROR(ParseJsonText(text, "hardware profile", &j));
+// The profile in `j`, validated field by field.
+Status ProfileFromJson(const json& j, HardwareProfile* profile) {
   if (!j.is_object()) return Status::InvalidArgument("hardware profile must be a JSON object");
   const std::string where = "hardware profile";
   DISTCA_RETURN_IF_ERROR(
@@ -190,6 +178,66 @@ Status ParseHardwareProfile(std::string_view text, HardwareProfile* profile) {
   }
   *profile = std::move(p);
   return Status::Ok();
+}
+
+// Sets the field that `spec` ("a.b.c=VALUE") names in `root` to VALUE's JSON.
+// A missing last key is added (the profile's own checks refuse a key it does
+// not know); everything before it must exist.
+Status ApplyOverride(const std::string& spec, json* root) {
+  const std::string what = fmt::format("hardware override '{}'", spec);
+  const size_t eq = spec.find('=');
+  if (eq == std::string::npos || eq == 0)
+    return Status::InvalidArgument(what + ": expected FIELD=VALUE, e.g. network.inter_node.bandwidth=25e9");
+  const std::string path = spec.substr(0, eq);
+  json value;
+  DISTCA_RETURN_IF_ERROR(ParseJsonText(std::string_view(spec).substr(eq + 1), what + ": the value", &value));
+  json* node = root;
+  for (size_t start = 0;;) {
+    const size_t dot = path.find('.', start);
+    const std::string key = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    const std::string so_far = path.substr(0, dot);
+    if (key.empty()) return Status::InvalidArgument(what + ": an empty field name in the path");
+    if (node->is_object()) {
+      if (dot != std::string::npos && !node->contains(key))
+        return Status::InvalidArgument(fmt::format("{}: the profile has no \"{}\"", what, so_far));
+      node = &(*node)[key];
+    } else if (node->is_array()) {
+      const bool digits = key.size() <= 9 && key.find_first_not_of("0123456789") == std::string::npos;
+      const size_t index = digits ? std::stoul(key) : node->size();
+      if (index >= node->size())
+        return Status::InvalidArgument(
+            fmt::format("{}: \"{}\" must be an index below {} (the array's length)", what, so_far, node->size()));
+      node = &(*node)[index];
+    } else {
+      return Status::InvalidArgument(
+          fmt::format("{}: \"{}\" is {}, which has no fields", what, path.substr(0, start - 1), node->dump()));
+    }
+    if (dot == std::string::npos) break;
+    start = dot + 1;
+  }
+  *node = std::move(value);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status ParseHardwareProfile(std::string_view text, HardwareProfile* profile) {
+  if (profile == nullptr) return Status::InvalidArgument("profile is null");
+  json j;
+  DISTCA_RETURN_IF_ERROR(ParseJsonText(text, "hardware profile", &j));
+  return ProfileFromJson(j, profile);
+}
+
+double HardwareProfile::AttentionEfficiency(double q_len) const {
+  const auto& c = attention_efficiency;
+  if (c.empty()) return 1.0;
+  if (q_len <= c.front().first) return c.front().second;
+  if (q_len >= c.back().first) return c.back().second;
+  size_t i = 1;
+  while (c[i].first < q_len) ++i;
+  const double x0 = std::log2(c[i - 1].first), x1 = std::log2(c[i].first);
+  const double t = (std::log2(q_len) - x0) / (x1 - x0);
+  return c[i - 1].second + t * (c[i].second - c[i - 1].second);
 }
 
 std::string HardwareProfileJson(const HardwareProfile& p) {
@@ -288,11 +336,21 @@ Status ParseAttentionTable(const AttentionTable& t, CostModel* total_out, std::o
 
 }  // namespace sim
 
-Status LoadHardwareProfile(const std::string& path, HardwareProfile* profile) {
+Status LoadHardwareProfile(const std::string& path, HardwareProfile* profile,
+                           const std::vector<std::string>& overrides) {
+  if (profile == nullptr) return Status::InvalidArgument("profile is null");
   std::string text;
   DISTCA_RETURN_IF_ERROR(ReadTextFile(path, &text));
+  json j;
+  DISTCA_RETURN_IF_ERROR(ParseJsonText(text, "hardware profile", &j).WithContext(path));
+  if (!overrides.empty() && !j.is_object())
+    return Status::InvalidArgument("hardware profile must be a JSON object").WithContext(path);
+  for (const std::string& spec : overrides) DISTCA_RETURN_IF_ERROR(ApplyOverride(spec, &j).WithContext(path));
+  const std::string changed = fmt::format("{}", fmt::join(overrides, ", "));
   HardwareProfile p;
-  DISTCA_RETURN_IF_ERROR(ParseHardwareProfile(text, &p).WithContext(path));
+  DISTCA_RETURN_IF_ERROR(
+      ProfileFromJson(j, &p).WithContext(overrides.empty() ? path : fmt::format("{} with {}", path, changed)));
+  if (!overrides.empty()) p.name += fmt::format(" ({})", changed);
   for (size_t i = 0; i < p.attention_tables.size(); ++i) {
     AttentionTable& t = p.attention_tables[i];
     const std::string where = fmt::format("{}: attention_tables[{}]", path, i);

@@ -369,6 +369,54 @@ TEST(HardwareProfileTest, ErrorsNameTheField) {
                        "network.all_to_all must be an object"));
 }
 
+TEST(HardwareProfileTest, OverridesChangeFieldsBeforeTheChecks) {
+  const std::string dir = ::testing::TempDir() + "/distca_profile_overrides";
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/p.json";
+  ASSERT_TRUE(WriteTextFile(path, sim_test::kTestProfileJson).ok());
+  HardwareProfile p;
+  // Nested objects, array elements by index, and a key the file leaves out.
+  ASSERT_TRUE(LoadHardwareProfile(path, &p,
+                                  {"network.inter_node.bandwidth=2.5e9", "attention_efficiency.1.0=2048",
+                                   "attention_backward_factor=4", "network.inter_node.bandwidth=5e9"})
+                  .ok());
+  EXPECT_DOUBLE_EQ(p.inter_node.bandwidth, 5e9);  // in order: the last one holds
+  EXPECT_DOUBLE_EQ(p.inter_node.latency_s, 1e-5);
+  EXPECT_DOUBLE_EQ(p.intra_node.bandwidth, 100e9);
+  ASSERT_EQ(p.attention_efficiency.size(), 2u);
+  EXPECT_DOUBLE_EQ(p.attention_efficiency[1].first, 2048);
+  EXPECT_DOUBLE_EQ(p.attention_efficiency[1].second, 1.0);
+  EXPECT_DOUBLE_EQ(p.attention_backward_factor, 4);
+  EXPECT_EQ(p.name,
+            "test (network.inter_node.bandwidth=2.5e9, attention_efficiency.1.0=2048, attention_backward_factor=4, "
+            "network.inter_node.bandwidth=5e9)");
+  ASSERT_TRUE(LoadHardwareProfile(path, &p).ok());  // none: the file as it is
+  EXPECT_EQ(p.name, "test");
+  EXPECT_DOUBLE_EQ(p.inter_node.bandwidth, 10e9);
+
+  const std::pair<const char*, const char*> refused[] = {
+      {"linear_mfu", "'linear_mfu': expected FIELD=VALUE"},
+      {"=0.5", "'=0.5': expected FIELD=VALUE"},
+      {"linear_mfu=fast", "'linear_mfu=fast': the value is not valid JSON"},
+      {"linear_mfu=", "'linear_mfu=': the value is not valid JSON"},
+      {"network.nic.bandwidth=1e9", "the profile has no \"network.nic\""},
+      {"network..bandwidth=1e9", "an empty field name"},
+      {"attention_efficiency.2.0=64", "\"attention_efficiency.2\" must be an index below 2"},
+      {"attention_efficiency.first.0=64", "\"attention_efficiency.first\" must be an index below 2"},
+      {"linear_mfu.value=0.5", "\"linear_mfu\" is 0.5, which has no fields"},
+      // The profile's own checks run on the result.
+      {"linear_mfu=1.5", "with linear_mfu=1.5: hardware profile: \"linear_mfu\" must be in [1e-06, 1]"},
+      {"network.inter_node.bw=1e9", "network.inter_node: unknown key \"bw\""},
+      {"attention_efficiency.1.0=64", "q_len 64 is not above the previous 128"},
+  };
+  for (const auto& [spec, message] : refused) {
+    const Status s = LoadHardwareProfile(path, &p, {spec});
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << spec;
+    EXPECT_TRUE(Contains(s, message)) << spec << ": " << s.ToString();
+    EXPECT_TRUE(Contains(s, path)) << s.ToString();
+  }
+}
+
 TEST(RankCostsTest, LinearAndHead) {
   const RankCosts k(TestModel(), TestProfile(), /*tp=*/2);
   EXPECT_DOUBLE_EQ(k.LinearFlopsPerToken(), 73728.0);
