@@ -2,6 +2,9 @@
 // variable-length bins, and LPT assignment of micro-batches to replicas.
 #include <algorithm>
 #include <numeric>
+#include <set>
+#include <utility>
+#include <vector>
 
 #include "sim/strategy.h"
 
@@ -14,6 +17,38 @@ double WlbCost(int64_t len, double breakpoint) {
   const double x = double(len) / breakpoint;
   return x * x + x;
 }
+
+// The index whose value is least, the lowest index among equal values (as
+// std::min_element over the values would pick), kept in O(log n) per change:
+// the greedy packers below pick one per document, over as many bins as there
+// are micro-batches (millions at the simulator's limits).
+template <typename T>
+class MinFirst {
+ public:
+  explicit MinFirst(int n) : values_(size_t(n), T{}) {
+    for (int i = 0; i < n; ++i) order_.emplace_hint(order_.end(), T{}, i);  // in order: linear
+  }
+  int First() const { return order_.begin()->second; }
+  // The first index in that order for which fits(i) holds, or -1.
+  template <typename Fits>
+  int FirstWhere(Fits fits) const {
+    for (const auto& entry : order_)
+      if (fits(entry.second)) return entry.second;
+    return -1;
+  }
+  T value(int i) const { return values_[size_t(i)]; }
+  void Add(int i, T delta) {
+    order_.erase({values_[size_t(i)], i});
+    values_[size_t(i)] += delta;
+    order_.emplace(values_[size_t(i)], i);
+  }
+  // i is no longer a candidate (its value is still kept).
+  void Remove(int i) { order_.erase({values_[size_t(i)], i}); }
+
+ private:
+  std::vector<T> values_;
+  std::set<std::pair<T, int>> order_;
+};
 
 }  // namespace
 
@@ -51,11 +86,11 @@ std::vector<std::vector<int64_t>> BalanceWaves(const std::vector<int64_t>& docs,
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return docs[a] > docs[b]; });
   std::vector<int> wave_of(docs.size(), 0);
-  std::vector<int64_t> tokens(waves, 0);
+  MinFirst<int64_t> tokens(waves);
   for (int d : order) {
-    const int w = int(std::min_element(tokens.begin(), tokens.end()) - tokens.begin());
+    const int w = tokens.First();
     wave_of[d] = w;
-    tokens[w] += docs[d];
+    tokens.Add(w, docs[d]);
   }
   std::vector<std::vector<int64_t>> out(waves);
   for (size_t d = 0; d < docs.size(); ++d) out[wave_of[d]].push_back(docs[d]);
@@ -67,18 +102,14 @@ std::vector<std::vector<int64_t>> WlbPack(const std::vector<int64_t>& docs, int 
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return docs[a] > docs[b]; });
   std::vector<std::vector<int64_t>> out(bins);
-  std::vector<double> load(bins, 0.0);
-  std::vector<int64_t> tokens(bins, 0);
+  MinFirst<double> load(bins);
+  MinFirst<int64_t> tokens(bins);
   for (int d : order) {
-    int best = -1;
-    for (int b = 0; b < bins; ++b) {
-      if (tokens[b] + docs[d] > cap) continue;
-      if (best < 0 || load[b] < load[best]) best = b;
-    }
-    if (best < 0) best = int(std::min_element(tokens.begin(), tokens.end()) - tokens.begin());
+    int best = load.FirstWhere([&](int b) { return tokens.value(b) + docs[d] <= cap; });
+    if (best < 0) best = tokens.First();
     out[best].push_back(docs[d]);
-    load[best] += WlbCost(docs[d], breakpoint);
-    tokens[best] += docs[d];
+    load.Add(best, WlbCost(docs[d], breakpoint));
+    tokens.Add(best, docs[d]);
   }
   return out;
 }
@@ -88,25 +119,25 @@ std::vector<std::vector<int64_t>> WlbBalance(const std::vector<int64_t>& docs, i
   std::vector<int64_t> sorted = docs;
   std::stable_sort(sorted.begin(), sorted.end(), std::greater<>());
   std::vector<std::vector<int64_t>> out(bins);
-  std::vector<double> load(bins, 0.0);
-  std::vector<int64_t> tokens(bins, 0);
+  MinFirst<double> load(bins);
+  MinFirst<int64_t> tokens(bins);
   auto put = [&](int b, int64_t len) {
     out[b].push_back(len);
-    load[b] += WlbCost(len, breakpoint);
-    tokens[b] += len;
+    load.Add(b, WlbCost(len, breakpoint));
+    tokens.Add(b, len);
   };
   std::vector<int64_t> set_aside;
   for (int64_t len : sorted) {
-    const int lightest = int(std::min_element(load.begin(), load.end()) - load.begin());
-    const int emptiest = int(std::min_element(tokens.begin(), tokens.end()) - tokens.begin());
-    if (tokens[lightest] + len <= cap)
+    const int lightest = load.First();
+    const int emptiest = tokens.First();
+    if (tokens.value(lightest) + len <= cap)
       put(lightest, len);
-    else if (tokens[emptiest] + len <= cap)
+    else if (tokens.value(emptiest) + len <= cap)
       put(emptiest, len);
     else
       set_aside.push_back(len);
   }
-  for (int64_t len : set_aside) put(int(std::min_element(load.begin(), load.end()) - load.begin()), len);
+  for (int64_t len : set_aside) put(load.First(), len);
   return out;
 }
 
@@ -116,13 +147,12 @@ std::vector<std::vector<int>> AssignLpt(const std::vector<double>& times, int re
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return times[a] > times[b]; });
   const size_t most = (times.size() + size_t(replicas) - 1) / size_t(replicas);
   std::vector<std::vector<int>> out(replicas);
-  std::vector<double> total(replicas, 0.0);
+  MinFirst<double> total(replicas);  // the replicas with room left
   for (int i : order) {
-    int best = -1;
-    for (int r = 0; r < replicas; ++r)
-      if (out[r].size() < most && (best < 0 || total[r] < total[best])) best = r;
+    const int best = total.First();
     out[best].push_back(i);
-    total[best] += times[i];
+    total.Add(best, times[i]);
+    if (out[best].size() == most) total.Remove(best);
   }
   return out;
 }

@@ -2,7 +2,10 @@
 // schedule by hand.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <functional>
 #include <numeric>
+#include <random>
 
 #include "sim/pipeline.h"
 #include "sim/strategy.h"
@@ -106,6 +109,115 @@ TEST(PackingTest, LongestProcessingTimeFirst) {
   // 1 -> r1, and the last 1 to r0 (r1 is full), not all three 1s to r1.
   const std::vector<std::vector<int>> equal = {{0, 3}, {1, 2}};
   EXPECT_EQ(AssignLpt({10, 1, 1, 1}, 2), equal);
+}
+
+// The packers keep their bins ordered (O(log n) a document); the plain scans
+// they replaced, written out again here, pick the same bin every time: the
+// least value, ties to the lowest index.
+double PlainWlbCost(int64_t len, double b) { return double(len) / b * (double(len) / b) + double(len) / b; }
+
+std::vector<int> LongestFirst(const std::vector<int64_t>& docs) {
+  std::vector<int> order(docs.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return docs[a] > docs[b]; });
+  return order;
+}
+
+std::vector<std::vector<int64_t>> PlainBalanceWaves(const std::vector<int64_t>& docs, int waves) {
+  std::vector<int> wave_of(docs.size());
+  std::vector<int64_t> tokens(waves, 0);
+  for (int d : LongestFirst(docs)) {
+    wave_of[d] = int(std::min_element(tokens.begin(), tokens.end()) - tokens.begin());
+    tokens[wave_of[d]] += docs[d];
+  }
+  std::vector<std::vector<int64_t>> out(waves);
+  for (size_t d = 0; d < docs.size(); ++d) out[wave_of[d]].push_back(docs[d]);
+  return out;
+}
+
+std::vector<std::vector<int64_t>> PlainWlbPack(const std::vector<int64_t>& docs, int bins, double b, int64_t cap) {
+  std::vector<std::vector<int64_t>> out(bins);
+  std::vector<double> load(bins, 0.0);
+  std::vector<int64_t> tokens(bins, 0);
+  for (int d : LongestFirst(docs)) {
+    int best = -1;
+    for (int i = 0; i < bins; ++i)
+      if (tokens[i] + docs[d] <= cap && (best < 0 || load[i] < load[best])) best = i;
+    if (best < 0) best = int(std::min_element(tokens.begin(), tokens.end()) - tokens.begin());
+    out[best].push_back(docs[d]);
+    load[best] += PlainWlbCost(docs[d], b);
+    tokens[best] += docs[d];
+  }
+  return out;
+}
+
+std::vector<std::vector<int64_t>> PlainWlbBalance(const std::vector<int64_t>& docs, int bins, int64_t cap, double b) {
+  std::vector<int64_t> sorted = docs;
+  std::stable_sort(sorted.begin(), sorted.end(), std::greater<>());
+  std::vector<std::vector<int64_t>> out(bins);
+  std::vector<double> load(bins, 0.0);
+  std::vector<int64_t> tokens(bins, 0);
+  auto put = [&](int i, int64_t len) {
+    out[i].push_back(len);
+    load[i] += PlainWlbCost(len, b);
+    tokens[i] += len;
+  };
+  std::vector<int64_t> aside;
+  for (int64_t len : sorted) {
+    const int lightest = int(std::min_element(load.begin(), load.end()) - load.begin());
+    const int emptiest = int(std::min_element(tokens.begin(), tokens.end()) - tokens.begin());
+    if (tokens[lightest] + len <= cap)
+      put(lightest, len);
+    else if (tokens[emptiest] + len <= cap)
+      put(emptiest, len);
+    else
+      aside.push_back(len);
+  }
+  for (int64_t len : aside) put(int(std::min_element(load.begin(), load.end()) - load.begin()), len);
+  return out;
+}
+
+std::vector<std::vector<int>> PlainAssignLpt(const std::vector<double>& times, int replicas) {
+  std::vector<int> order(times.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return times[a] > times[b]; });
+  const size_t most = (times.size() + size_t(replicas) - 1) / size_t(replicas);
+  std::vector<std::vector<int>> out(replicas);
+  std::vector<double> total(replicas, 0.0);
+  for (int i : order) {
+    int best = -1;
+    for (int r = 0; r < replicas; ++r)
+      if (out[r].size() < most && (best < 0 || total[r] < total[best])) best = r;
+    out[best].push_back(i);
+    total[best] += times[i];
+  }
+  return out;
+}
+
+TEST(PackingTest, OrderedPackersPickAsThePlainScans) {
+  std::mt19937_64 rng(7);
+  int capped = 0;
+  for (int trial = 0; trial < 2000; ++trial) {
+    // Few distinct lengths, so that loads tie often.
+    const int n = int(rng() % 40), bins = 1 + int(rng() % 9);
+    const int64_t unit = 1 + int64_t(rng() % 3);
+    std::vector<int64_t> docs(n);
+    for (int64_t& len : docs) len = unit * (1 + int64_t(rng() % 6));
+    const int64_t total = std::accumulate(docs.begin(), docs.end(), int64_t{0});
+    // Caps around a bin's share, where they bind.
+    const int64_t share = (total + bins - 1) / bins;
+    const int64_t cap = std::max<int64_t>(1, share - 2 * unit + int64_t(rng() % uint64_t(share + 4 * unit)));
+    const double b = double(1 + rng() % 8);
+    ASSERT_EQ(BalanceWaves(docs, bins), PlainBalanceWaves(docs, bins)) << trial;
+    ASSERT_EQ(WlbPack(docs, bins, b, cap), PlainWlbPack(docs, bins, b, cap)) << trial;
+    ASSERT_EQ(WlbBalance(docs, bins, cap, b), PlainWlbBalance(docs, bins, cap, b)) << trial;
+    std::vector<double> times(docs.begin(), docs.end());
+    ASSERT_EQ(AssignLpt(times, bins), PlainAssignLpt(times, bins)) << trial;
+    const int64_t no_cap = total + 1;
+    capped += WlbPack(docs, bins, b, cap) != WlbPack(docs, bins, b, no_cap) ||
+              WlbBalance(docs, bins, cap, b) != WlbBalance(docs, bins, no_cap, b);
+  }
+  EXPECT_GT(capped, 200);  // the cap changed the bins in 333 of them
 }
 
 }  // namespace
