@@ -4,7 +4,9 @@
 #include <CLI/CLI.hpp>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <initializer_list>
 #include <regex>
@@ -118,14 +120,22 @@ inline std::string SamplingWithDocsFile(const char* flag) {
 
 // A tool's main: runs `run`, and ends anything thrown past the tool's own
 // checks (an allocation that fails, a library's exception) through `fail`
-// with its message, not an abort.
+// with its message, not an abort. Output still buffered is written before it
+// returns: a full disk or a closed stdout fails the run (exit 0 would claim
+// results nobody received).
 template <class Run, class Fail>
 int GuardedMain(int argc, char** argv, Run&& run, Fail&& fail) {
+  int rc = 0;
   try {
-    return run(argc, argv);
+    rc = run(argc, argv);
   } catch (const std::exception& e) {
-    return fail(std::string("internal error: ") + e.what());
+    rc = fail(std::string("internal error: ") + e.what());
   }
+  errno = 0;
+  const bool written = std::fflush(stdout) == 0 && !std::ferror(stdout);
+  if (written || rc != 0) return rc;  // a failed run has said why already
+  return fail(std::string("cannot write to standard output") +
+              (errno != 0 ? std::string(": ") + std::strerror(errno) : std::string()));
 }
 
 }  // namespace distca::cli
