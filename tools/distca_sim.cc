@@ -71,6 +71,10 @@ Status Sample(const std::vector<int64_t>& pool, const Args& a, const SimOptions&
   return distca::SampleBatches(pool, r, a.batches, batches);
 }
 
+bool IsCad(distca::SimStrategy s) {
+  return s == distca::SimStrategy::kDistca || s == distca::SimStrategy::kDistcaPaper;
+}
+
 nlohmann::json ToJson(const Args& a, const SimOptions& o, const SimResult& r) {
   const distca::SimBreakdown& b = r.breakdown;
   return {{"strategy", distca::SimStrategyName(r.strategy)},
@@ -90,6 +94,8 @@ nlohmann::json ToJson(const Args& a, const SimOptions& o, const SimResult& r) {
           {"wlb_scope", distca::WlbScopeName(o.wlb_scope)},
           {"wire", o.cad_wire ? distca::PlanWireName(*o.cad_wire) : "default"},
           {"tolerance", o.tolerance},
+          {"comm_budget", o.comm_budget},
+          {"servers", o.dedicated_servers},
           {"iteration_s", r.iteration_s},
           {"tokens_per_s", r.tokens_per_s},
           {"speedup_over_wlb_ideal", r.speedup > 0 ? nlohmann::json(r.speedup) : nlohmann::json(nullptr)},
@@ -101,7 +107,7 @@ nlohmann::json ToJson(const Args& a, const SimOptions& o, const SimResult& r) {
           {"bytes_moved", r.bytes_moved},
           {"max_buffer_bytes", r.max_buffer_bytes},
           {"cp", r.cp},
-          {"tolerance_used", r.tolerance_used},
+          {"tolerance_used", IsCad(r.strategy) ? nlohmann::json(r.tolerance_used) : nlohmann::json(nullptr)},
           {"grad_sync_s", r.grad_sync_s},
           {"breakdown_per_layer_s",
            {{"forward_linear", b.forward_linear_s},
@@ -112,10 +118,6 @@ nlohmann::json ToJson(const Args& a, const SimOptions& o, const SimResult& r) {
             {"backward_comm", b.backward_comm_s}}},
           {"iteration_per_batch_s", r.iteration_per_batch},
           {"idle_per_batch", r.idle_per_batch}};
-}
-
-bool IsCad(distca::SimStrategy s) {
-  return s == distca::SimStrategy::kDistca || s == distca::SimStrategy::kDistcaPaper;
 }
 
 void PrintTable(const std::vector<SimResult>& results, bool breakdown) {
@@ -189,6 +191,8 @@ int RunGrid(const Args& a, const std::vector<int64_t>& pool, const std::vector<d
   if (!s.ok()) return Fail(s.message());
   if (const int rc = MakeOutDir(a.out_dir); rc != 0) return rc;
   distca::WallTimer timer;
+  fmt::print("{} grid on {}, {} batches per configuration ({} packing)\n", a.paper_grid, a.sim.hardware.name, a.batches,
+             a.packing);
   std::string csv = distca::GridCsvHeader();
   for (const distca::GridPoint& p : points) {
     SimOptions o = a.sim;
@@ -230,10 +234,10 @@ int RunGrid(const Args& a, const std::vector<int64_t>& pool, const std::vector<d
   }
   return WriteChart(
       base, csv,
-      distca::SpeedupPlotScript(
-          base + ".csv", png,
-          fmt::format("speedup over wlb-ideal, {} grid, {} batches per configuration", a.paper_grid, a.batches),
-          strategies),
+      distca::SpeedupPlotScript(base + ".csv", png,
+                                fmt::format("speedup over wlb-ideal, {} grid on {}, {} batches per configuration",
+                                            a.paper_grid, a.sim.hardware.name, a.batches),
+                                strategies),
       png);
 }
 
@@ -248,8 +252,12 @@ int RunToleranceSweep(const Args& a, const std::vector<std::vector<int64_t>>& ba
   if (!a.out_dir.empty())
     if (const int rc = MakeOutDir(a.out_dir); rc != 0) return rc;
   std::string csv = distca::ToleranceCsvHeader();
-  if (!a.json)
+  if (!a.json) {
+    const SimOptions& o = a.sim;
+    fmt::print("{} on {} ({} GPUs: tp {}, pp {}), L {}, B {}, {} batches, no CAD buffer\n", o.model.name,
+               o.hardware.name, o.gpus, o.tp, o.pp, o.max_doc_len, o.batch_size, batches.size());
     fmt::print("{:>5} {:<13} {:>9} {:>10} {:>12}\n", "eps", "strategy", "iter s", "max buffer", "moved/iter");
+  }
   for (double eps : {0.0, 0.05, 0.1, 0.2, 0.4}) {
     SimOptions o = a.sim;
     o.tolerance = eps;
@@ -269,13 +277,13 @@ int RunToleranceSweep(const Args& a, const std::vector<std::vector<int64_t>>& ba
   if (a.out_dir.empty()) return 0;
   const SimOptions& o = a.sim;
   const std::string base = a.out_dir + "/tolerance", png = base + ".png";
-  return WriteChart(
-      base, csv,
-      distca::TolerancePlotScript(base + ".csv", png,
-                                  fmt::format("{} on {} GPUs (tp {}, pp {}), L {}, B {}, {} batches", o.model.name,
-                                              o.gpus, o.tp, o.pp, o.max_doc_len, o.batch_size, batches.size()),
-                                  cad),
-      png, a.json);
+  return WriteChart(base, csv,
+                    distca::TolerancePlotScript(
+                        base + ".csv", png,
+                        fmt::format("{} on {} GPUs of {} (tp {}, pp {}), L {}, B {}, {} batches", o.model.name, o.gpus,
+                                    o.hardware.name, o.tp, o.pp, o.max_doc_len, o.batch_size, batches.size()),
+                        cad),
+                    png, a.json);
 }
 
 // --search: every strategy at every (tp, pp) shape; the fastest that fits.
@@ -383,7 +391,7 @@ int Run(int argc, char** argv) {
       ->check(nonneg);
   app.add_flag("--no-ping-pong", a.no_ping_pong, "CAD without nano-batch overlap");
   app.add_option("--wire", a.wire,
-                 "bytes per row of CAD's all-to-alls, for every strategy that plans: distca (this runtime's), "
+                 "bytes per row of CAD's all-to-alls, for distca and distca-paper: distca (this runtime's), "
                  "distca-artifact (DistCA's) or distca-artifact-no-resend (DistCA's without resending Q/K/V in the "
                  "backward, pp 1 only); default: distca-paper DistCA's, the others this runtime's");
   app.add_flag("--no-distributed-optimizer", a.no_distributed_optimizer,
@@ -430,6 +438,7 @@ int Run(int argc, char** argv) {
   Status s = a.model.Resolve(&o.model);
   if (!s.ok()) return Fail(s.message());
   o.ping_pong = !a.no_ping_pong;
+  o.tolerance += 0.0;  // -0 reads as 0
   o.grad_sync = !a.no_grad_sync;
   o.distributed_optimizer = !a.no_distributed_optimizer;
   s = distca::ParseWlbScope(a.wlb_scope, &o.wlb_scope);
@@ -590,12 +599,22 @@ int Run(int argc, char** argv) {
                                                    ? fmt::format(", wlb scope {}", distca::WlbScopeName(o.wlb_scope))
                                                    : "")
                                  : fmt::format("{:.3g} chunk(s) per rank", double(o.batch_size) / ranks);
+  const bool cad = std::any_of(strategies.begin(), strategies.end(), IsCad);
+  const std::string cad_setup =
+      cad ? fmt::format(", CAD buffer {}{}",
+                        o.comm_budget > 0 ? fmt::format("{:.3g} GB per device", double(o.comm_budget) * 1e-9)
+                                          : std::string("unlimited"),
+                        o.dedicated_servers > 0
+                            ? fmt::format(", distca with {} dedicated server(s) per stage ({} GPUs)",
+                                          o.dedicated_servers, o.gpus + o.dedicated_servers * o.tp * o.pp)
+                            : std::string())
+          : std::string();
   fmt::print(
       "{} on {} ({} GPUs: tp {}, pp {}, {} ranks per stage), L {}, B {} ({}), {} batches{}, ping-pong {}, gradient "
-      "sync {}\n",
+      "sync {}{}\n",
       o.model.name, o.hardware.name, o.gpus, o.tp, o.pp, ranks, o.max_doc_len, o.batch_size, layout, batches.size(),
       a.docs_file.empty() ? fmt::format(" ({} packing)", a.packing) : "", o.ping_pong ? "on" : "off",
-      o.grad_sync && !results.empty() ? fmt::format("{:.1f} ms", results.front().grad_sync_s * 1e3) : "off");
+      o.grad_sync && !results.empty() ? fmt::format("{:.1f} ms", results.front().grad_sync_s * 1e3) : "off", cad_setup);
   PrintTable(results, a.breakdown);
   fmt::print("simulated in {:.2f} s\n", timer.Seconds());
   return 0;

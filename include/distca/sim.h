@@ -187,9 +187,10 @@ struct SimOptions {
   // CAD: two nano-batches overlapping compute and traffic; off: one plan per
   // wave, its traffic exposed (distca-train --ping-pong off). Default: on
   bool ping_pong = true;
-  // The bytes per row CAD's all-to-alls carry, for every strategy that
-  // plans (PlanModel::wire); unset: each its own, distca-paper DistCA's
-  // (kDistcaArtifact), distca and colocated this runtime's (kDistca).
+  // The bytes per row the CAD strategies' all-to-alls carry
+  // (PlanModel::wire); unset: each its own, distca-paper DistCA's
+  // (kDistcaArtifact), distca this runtime's (kDistca). colocated always
+  // runs this runtime's, as distca-train --attention colocated does.
   // kDistcaArtifactNoResend (pp 1 only) also counts in memory what the
   // servers keep for the backward. Default: unset
   std::optional<PlanWire> cad_wire;

@@ -1397,17 +1397,19 @@ TEST(GridTest, PaperGridShapesAndCsv) {
   run.tolerance = 0.1;
   run.dedicated_servers = 2;
   run.grad_sync = false;
+  run.hardware.name = "h200-dgx";
   const std::string row = GridCsvRow(points[0], r, run, "whole");
   EXPECT_EQ(std::count(header.begin(), header.end(), ','), std::count(row.begin(), row.end(), ','));
   EXPECT_NE(row.find(",distca-paper,"), std::string::npos);
   // The last columns: micro-batches, MLP recomputation (128K: none), scope,
-  // gradient sync seconds, then the run's settings and the packing.
-  const std::string settings = ",0,distca,1000,0.1,2,0,1,whole\n";
+  // gradient sync seconds, then the run's settings, the packing and the
+  // hardware profile.
+  const std::string settings = ",0,distca,1000,0.1,2,0,1,whole,h200-dgx\n";
   EXPECT_NE(row.find("," + std::to_string(points[0].micro_batches) + ",0,whole-batch,0.125000" + settings),
             std::string::npos)
       << row;
   EXPECT_NE(header.find(",wlb_scope,grad_sync_s,ping_pong,wire,comm_budget,tolerance,servers,grad_sync,"
-                        "distributed_optimizer,packing\n"),
+                        "distributed_optimizer,packing,hardware\n"),
             std::string::npos);
   // A whole row, every column.
   r.iteration_s = 1.5;
@@ -1427,6 +1429,11 @@ TEST(GridTest, PaperGridShapesAndCsv) {
                 std::to_string(g.pp) + "," + std::to_string(g.max_doc_len) + "," + std::to_string(g.batch_size) +
                 ",distca-paper,1.500000,12345.6,1.2345,0.0625,12.500,10.250,1,3.500,2.1250,4,0.050," +
                 std::to_string(g.micro_batches) + ",0,whole-batch,0.125000" + settings);
+  // A profile's name with overrides holds commas (and could hold quotes):
+  // the field is quoted, inner quotes doubled.
+  run.hardware.name = "h200-dgx (linear_mfu=0.5, name=\"x\")";
+  const std::string named = GridCsvRow(g, r, run, "whole");
+  EXPECT_EQ(named.substr(named.rfind(",whole,")), ",whole,\"h200-dgx (linear_mfu=0.5, name=\"\"x\"\")\"\n");
   const std::string script = SpeedupPlotScript("g.csv", "s.png", "t", {SimStrategy::kWlbIdeal, SimStrategy::kDistca});
   EXPECT_NE(script.find("set output 's.png'"), std::string::npos);
   EXPECT_NE(script.find("every 2::1 using 11:xtic(1) title 'distca'"), std::string::npos);
