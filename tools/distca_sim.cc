@@ -371,8 +371,10 @@ int Run(int argc, char** argv) {
   app.add_option("--upsample", a.recipe.upsample, "copies of each long document (Default: 1; grid: 4)")->check(pos);
   app.add_option("--upsample-threshold", a.recipe.upsample_threshold, "length from which a document is long (65536)")
       ->check(pos);
-  app.add_option("--filter-ratio", a.recipe.filter_ratio, "share of short documents kept (Default: 1; grid: 0.5)")
-      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--filter-ratio", a.recipe.filter_ratio,
+                 "share of short documents kept, in (0, 1] (Default: 1; grid: 0.5)")
+      ->check(pos)
+      ->check(CLI::Range(0.0, 1.0).description(""));
   app.add_option("--elongate", a.recipe.elongate, "length multiplier (Default: 1; grid: L / 64K)")->check(pos);
   app.add_option("--seed", a.recipe.seed, "sampling seed (Default: 0)");
   app.add_option("--packing", a.packing,
@@ -443,7 +445,7 @@ int Run(int argc, char** argv) {
   o.distributed_optimizer = !a.no_distributed_optimizer;
   s = distca::ParseWlbScope(a.wlb_scope, &o.wlb_scope);
   if (!s.ok()) return Fail(s.message());
-  if (!a.wire.empty()) {
+  if (app.count("--wire") > 0) {
     distca::PlanWire wire;
     s = distca::ParsePlanWire(a.wire, &wire);
     if (!s.ok()) return Fail(s.message());

@@ -49,6 +49,10 @@ Status ParseBatchesJson(std::string_view text, std::vector<std::vector<int64_t>>
   DISTCA_RETURN_IF_ERROR(ParseJsonText(text, "docs file", &j));
   if (!j.is_object() || !j.contains("batches"))
     return Status::InvalidArgument("docs file must be an object with a \"batches\" array");
+  for (auto it = j.begin(); it != j.end(); ++it)  // a misspelt key would otherwise be ignored
+    if (it.key() != "batches")
+      return Status::InvalidArgument(
+          fmt::format("docs file: unknown key \"{}\" (it holds \"batches\" only)", it.key()));
   const nlohmann::json& b = j["batches"];
   if (!b.is_array() || b.empty()) return Status::InvalidArgument("\"batches\" must be a non-empty array");
   batches->assign(b.size(), {});
@@ -69,6 +73,9 @@ Status TransformPool(const std::vector<int64_t>& pool, const WorkloadRecipe& r, 
     return Status::InvalidArgument(fmt::format("elongate must be a positive number, got {}", r.elongate));
   if (r.max_doc_len < 0) return Status::InvalidArgument("max doc length must be >= 0");
   if (pool.empty()) return Status::InvalidArgument("the length pool is empty");
+  if (int64_t(pool.size()) > kMaxSampledDocuments)
+    return Status::OutOfRange(
+        fmt::format("the length pool holds {} documents, above the limit of {}", pool.size(), kMaxSampledDocuments));
   const int64_t long_docs =
       std::count_if(pool.begin(), pool.end(), [&](int64_t l) { return l >= r.upsample_threshold; });
   if (long_docs * r.upsample + int64_t(pool.size()) - long_docs > kMaxSampledDocuments)

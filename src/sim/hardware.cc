@@ -202,7 +202,9 @@ Status ApplyOverride(const std::string& spec, json* root) {
         return Status::InvalidArgument(fmt::format("{}: the profile has no \"{}\"", what, so_far));
       node = &(*node)[key];
     } else if (node->is_array()) {
-      const bool digits = key.size() <= 9 && key.find_first_not_of("0123456789") == std::string::npos;
+      // Plain decimal, as every number on the command line: no sign, no leading zero.
+      const bool digits = key.size() <= 9 && key.find_first_not_of("0123456789") == std::string::npos &&
+                          (key.size() == 1 || key[0] != '0');
       const size_t index = digits ? std::stoul(key) : node->size();
       if (index >= node->size())
         return Status::InvalidArgument(

@@ -253,6 +253,10 @@ Status ValidateSimOptions(const SimOptions& o) {
     return Status::InvalidArgument(
         fmt::format("tp ({}) must divide the {} query heads and divide, or be a multiple of, the {} K/V heads", o.tp,
                     o.model.q_heads, o.model.kv_heads));
+  // ... and the MLP's columns (Megatron-LM's column-parallel first GEMM).
+  if (o.model.ffn_hidden % o.tp != 0)
+    return Status::InvalidArgument(
+        fmt::format("tp ({}) must divide the MLP's {} columns (ffn_hidden_size)", o.tp, o.model.ffn_hidden));
   // tp x pp in 64 bits: two large factors would overflow an int (and a
   // product wrapping to 0 would divide by zero below).
   const int64_t tp_pp = int64_t{o.tp} * o.pp;

@@ -29,6 +29,8 @@ TEST(WorkloadTest, RejectsBadFiles) {
   EXPECT_TRUE(Contains(ParseLengthsJson("[3, 2.5]", &lengths), "not an integer"));
   EXPECT_TRUE(Contains(ParseBatchesJson("[[1]]", &batches), "\"batches\""));
   EXPECT_TRUE(Contains(ParseBatchesJson(R"({"batches": []})", &batches), "non-empty"));
+  EXPECT_TRUE(Contains(ParseBatchesJson(R"({"batches": [[1]], "batch": [[2]]})", &batches),
+                       "docs file: unknown key \"batch\""));
   EXPECT_TRUE(Contains(ParseBatchesJson(R"({"batches": [[1], []]})", &batches), "batches[1] is empty"));
   EXPECT_TRUE(Contains(ParseBatchesJson(R"({"batches": [[1, "x"]]})", &batches), "batches[0][1]"));
 }

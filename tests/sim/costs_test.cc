@@ -403,6 +403,7 @@ TEST(HardwareProfileTest, OverridesChangeFieldsBeforeTheChecks) {
       {"network..bandwidth=1e9", "an empty field name"},
       {"attention_efficiency.2.0=64", "\"attention_efficiency.2\" must be an index below 2"},
       {"attention_efficiency.first.0=64", "\"attention_efficiency.first\" must be an index below 2"},
+      {"attention_efficiency.01.0=64", "\"attention_efficiency.01\" must be an index below 2"},
       {"linear_mfu.value=0.5", "\"linear_mfu\" is 0.5, which has no fields"},
       // The profile's own checks run on the result.
       {"linear_mfu=1.5", "with linear_mfu=1.5: hardware profile: \"linear_mfu\" must be in [1e-06, 1]"},
