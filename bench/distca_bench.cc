@@ -14,7 +14,14 @@
 #include "common/cli_checks.h"
 #include "distca/comm.h"
 
-int main(int argc, char** argv) {
+namespace {
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "distca-bench: %s\n", message.c_str());
+  return 2;
+}
+
+int Run(int argc, char** argv) {
   CLI::App app{"distca benchmarks"};
   app.require_subcommand(1);
 
@@ -157,3 +164,7 @@ int main(int argc, char** argv) {
   }
   return 0;
 }
+
+}  // namespace
+
+int main(int argc, char** argv) { return distca::cli::GuardedMain(argc, argv, Run, Fail); }
