@@ -92,7 +92,9 @@ nlohmann::json ToJson(const Args& a, const SimOptions& o, const SimResult& r) {
           {"micro_batches", o.micro_batches},
           {"recompute_mlp", o.recompute_mlp},
           {"wlb_scope", distca::WlbScopeName(o.wlb_scope)},
-          {"wire", o.cad_wire ? distca::PlanWireName(*o.cad_wire) : "default"},
+          {"wire", distca::StrategyWire(r.strategy, o)
+                       ? nlohmann::json(distca::PlanWireName(*distca::StrategyWire(r.strategy, o)))
+                       : nlohmann::json(nullptr)},
           {"tolerance", o.tolerance},
           {"comm_budget", o.comm_budget},
           {"servers", o.dedicated_servers},
@@ -373,8 +375,17 @@ int Run(int argc, char** argv) {
       ->check(pos);
   app.add_option("--filter-ratio", a.recipe.filter_ratio,
                  "share of short documents kept, in (0, 1] (Default: 1; grid: 0.5)")
-      ->check(pos)
-      ->check(CLI::Range(0.0, 1.0).description(""));
+      ->check(CLI::Validator(
+          [](std::string& s) -> std::string {
+            double v = 0;
+            try {
+              v = std::stod(s);
+            } catch (...) {
+              return "must be a number in (0, 1], got '" + s + "'";
+            }
+            return v > 0 && v <= 1 ? "" : "must be in (0, 1], got " + s;
+          },
+          "", "in (0, 1]"));
   app.add_option("--elongate", a.recipe.elongate, "length multiplier (Default: 1; grid: L / 64K)")->check(pos);
   app.add_option("--seed", a.recipe.seed, "sampling seed (Default: 0)");
   app.add_option("--packing", a.packing,
@@ -604,7 +615,7 @@ int Run(int argc, char** argv) {
   const bool cad = std::any_of(strategies.begin(), strategies.end(), IsCad);
   const std::string cad_setup =
       cad ? fmt::format(", CAD buffer {}{}",
-                        o.comm_budget > 0 ? fmt::format("{:.3g} GB per device", double(o.comm_budget) * 1e-9)
+                        o.comm_budget > 0 ? fmt::format("{:.3g} GiB per device", double(o.comm_budget) / (1 << 30))
                                           : std::string("unlimited"),
                         o.dedicated_servers > 0
                             ? fmt::format(", distca with {} dedicated server(s) per stage ({} GPUs)",

@@ -224,6 +224,12 @@ struct SimOptions {
   int threads = 0;  // OpenMP threads over batches; 0 = OMP_NUM_THREADS. Default: 0
 };
 
+// The wire format strategy s's all-to-alls carry under `options`:
+// options.cad_wire for distca and distca-paper when set, else each its own
+// (distca-paper DistCA's, distca and colocated this runtime's); none for
+// wlb-ideal and megatron, which plan no CAD traffic.
+std::optional<PlanWire> StrategyWire(SimStrategy strategy, const SimOptions& options);
+
 // Seconds per layer of one iteration on an average rank: what a rank spends
 // in one layer, summed over the iteration's micro-batches, averaged over the
 // P * G ranks that hold tokens (CAD: all ranks' work divided by P * G, so

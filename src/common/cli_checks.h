@@ -125,17 +125,23 @@ inline std::string SamplingWithDocsFile(const char* flag) {
 // results nobody received).
 template <class Run, class Fail>
 int GuardedMain(int argc, char** argv, Run&& run, Fail&& fail) {
+  const auto unwritten = [&](int err) {
+    return fail(std::string("cannot write to standard output") +
+                (err != 0 ? std::string(": ") + std::strerror(err) : std::string()));
+  };
   int rc = 0;
   try {
     rc = run(argc, argv);
   } catch (const std::exception& e) {
-    rc = fail(std::string("internal error: ") + e.what());
+    // Output larger than stdio's buffer fails in the middle of the run,
+    // where the formatting library throws.
+    const int err = errno;
+    return std::ferror(stdout) ? unwritten(err) : fail(std::string("internal error: ") + e.what());
   }
   errno = 0;
   const bool written = std::fflush(stdout) == 0 && !std::ferror(stdout);
   if (written || rc != 0) return rc;  // a failed run has said why already
-  return fail(std::string("cannot write to standard output") +
-              (errno != 0 ? std::string(": ") + std::strerror(errno) : std::string()));
+  return unwritten(errno);
 }
 
 }  // namespace distca::cli

@@ -130,7 +130,7 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
   base.budget_per_exchange = true;
   base.budget_counts_local = variant.artifact_buffer;
   base.model = {opt.model.q_heads, RankKvHeads(opt.model, opt.tp), opt.model.head_dim(), opt.hardware.dtype_bytes,
-                colocated ? variant.wire : opt.cad_wire.value_or(variant.wire)};
+                variant.wire};
   const CostModel flops = CostModel::Flops(base.model);
 
   BatchOutcome o;

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "distca/sim.h"
 
@@ -107,16 +108,20 @@ std::string CsvField(std::string_view text) {
 }  // namespace
 
 std::string GridCsvRow(const GridPoint& p, const SimResult& r, const SimOptions& run, std::string_view packing) {
+  // Empty where the strategy has none: the tolerance its CAD plans used, the
+  // wire format its all-to-alls carry.
+  const bool cad = r.strategy == SimStrategy::kDistca || r.strategy == SimStrategy::kDistcaPaper;
+  const std::optional<PlanWire> wire = StrategyWire(r.strategy, run);
   return fmt::format(
-      "{},{},{},{},{},{},{},{},{:.6f},{:.1f},{},{:.4f},{:.3f},{:.3f},{},{:.3f},{:.4f},{},{:.3f},"
+      "{},{},{},{},{},{},{},{},{:.6f},{:.1f},{},{:.4f},{:.3f},{:.3f},{},{:.3f},{:.4f},{},{},"
       "{},{},{},{:.6f},{},{},{},{},{},{},{},{},{}\n",
       p.Label(), p.model, p.gpus, p.tp, p.pp, p.max_doc_len, p.batch_size, SimStrategyName(r.strategy), r.iteration_s,
       r.tokens_per_s, r.speedup > 0 ? fmt::format("{:.4f}", r.speedup) : std::string(), r.idle_fraction,
       r.memory_max_bytes * 1e-9, r.memory_mean_bytes * 1e-9, r.memory_fits ? 1 : 0, r.bytes_moved * 1e-9,
-      r.max_buffer_bytes * 1e-9, r.cp, r.tolerance_used, p.micro_batches, p.recompute_mlp ? 1 : 0,
-      WlbScopeName(run.wlb_scope), r.grad_sync_s, run.ping_pong ? 1 : 0,
-      run.cad_wire ? PlanWireName(*run.cad_wire) : "default", run.comm_budget, run.tolerance, run.dedicated_servers,
-      run.grad_sync ? 1 : 0, run.distributed_optimizer ? 1 : 0, packing, CsvField(run.hardware.name));
+      r.max_buffer_bytes * 1e-9, r.cp, cad ? fmt::format("{:.3f}", r.tolerance_used) : std::string(), p.micro_batches,
+      p.recompute_mlp ? 1 : 0, WlbScopeName(run.wlb_scope), r.grad_sync_s, run.ping_pong ? 1 : 0,
+      wire ? PlanWireName(*wire) : "", run.comm_budget, run.tolerance, run.dedicated_servers, run.grad_sync ? 1 : 0,
+      run.distributed_optimizer ? 1 : 0, packing, CsvField(run.hardware.name));
 }
 
 std::string SpeedupPlotScript(const std::string& csv_path, const std::string& png_path, const std::string& title,

@@ -195,6 +195,21 @@ double SimContext::CadRankTokens(int c) const {
 
 const char* SimStrategyName(SimStrategy strategy) { return Entry(strategy).name; }
 
+std::optional<PlanWire> StrategyWire(SimStrategy strategy, const SimOptions& options) {
+  switch (strategy) {
+    case SimStrategy::kDistcaPaper:
+      return options.cad_wire.value_or(PlanWire::kDistcaArtifact);
+    case SimStrategy::kDistca:
+      return options.cad_wire.value_or(PlanWire::kDistca);
+    case SimStrategy::kColocated:
+      return PlanWire::kDistca;  // distca-train --attention colocated's, whatever --wire says
+    case SimStrategy::kWlbIdeal:
+    case SimStrategy::kMegatron:
+      break;
+  }
+  return std::nullopt;
+}
+
 namespace {
 constexpr std::pair<WlbScope, const char*> kWlbScopes[] = {
     {WlbScope::kPerMicroBatch, "per-micro-batch"},

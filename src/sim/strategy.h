@@ -194,7 +194,8 @@ struct CadVariant {
   // plan that cannot fit is an error, and memory counts the buffers the
   // runtime here allocates for its plans, not the budget.
   bool artifact_buffer = false;
-  // The bytes each all-to-all carries per row (PlanModel::wire).
+  // The bytes each all-to-all carries per row (PlanModel::wire): the
+  // strategy's StrategyWire.
   PlanWire wire = PlanWire::kDistca;
 };
 // Waves of G / c_min chunks, L / c_min tokens per rank (with micro_batches

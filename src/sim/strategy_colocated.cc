@@ -12,6 +12,7 @@ Status SimulateColocated(const SimContext& ctx, const std::vector<int64_t>& batc
                          BatchCarry* /*carry*/) {
   CadVariant v;
   v.policy = PlanPolicy::kColocated;
+  v.wire = *StrategyWire(SimStrategy::kColocated, ctx.options);
   return SimulateCad(ctx, batch, cp, v, out);
 }
 

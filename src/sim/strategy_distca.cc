@@ -10,6 +10,7 @@ Status SimulateDistca(const SimContext& ctx, const std::vector<int64_t>& batch, 
                       BatchCarry* /*carry*/) {
   CadVariant v;
   v.policy = PlanPolicy::kDistca;
+  v.wire = *StrategyWire(SimStrategy::kDistca, ctx.options);
   v.dummy_bubble_work = false;
   v.extra_servers = ctx.options.dedicated_servers;
   // With pipeline stages a stage works on its own wave only, so unequal

@@ -13,7 +13,7 @@ Status SimulateDistcaPaper(const SimContext& ctx, const std::vector<int64_t>& ba
   v.policy = PlanPolicy::kPaper;
   v.dummy_bubble_work = true;
   v.artifact_buffer = true;
-  v.wire = PlanWire::kDistcaArtifact;
+  v.wire = *StrategyWire(SimStrategy::kDistcaPaper, ctx.options);
   v.balanced_nano_batches = false;
   return SimulateCad(ctx, batch, cp, v, out, carry);
 }

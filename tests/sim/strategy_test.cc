@@ -587,6 +587,27 @@ TEST(ColocatedTest, EachExchangeCarriesItsOwnBytes) {
   EXPECT_DOUBLE_EQ(r.bytes_moved, 2 * 262144.0);
 }
 
+TEST(ColocatedTest, KeepsThisRuntimesWireWhateverTheOptionSays) {
+  // distca-train --attention colocated has one wire format; --wire sets the
+  // CAD strategies' only (DistCA's without the resend would also count what
+  // servers keep for the backward in memory).
+  SimOptions o = TestOptions();
+  const SimResult plain = SimulateOne(o, {{512, 1024, 512}}, SimStrategy::kColocated);
+  o.cad_wire = PlanWire::kDistcaArtifactNoResend;
+  const SimResult other = SimulateOne(o, {{512, 1024, 512}}, SimStrategy::kColocated);
+  EXPECT_EQ(other.iteration_s, plain.iteration_s);
+  EXPECT_EQ(other.memory_max_bytes, plain.memory_max_bytes);
+  EXPECT_EQ(other.bytes_moved, plain.bytes_moved);
+  EXPECT_EQ(StrategyWire(SimStrategy::kColocated, o), PlanWire::kDistca);
+  EXPECT_EQ(StrategyWire(SimStrategy::kDistca, o), PlanWire::kDistcaArtifactNoResend);
+  EXPECT_EQ(StrategyWire(SimStrategy::kDistcaPaper, o), PlanWire::kDistcaArtifactNoResend);
+  EXPECT_EQ(StrategyWire(SimStrategy::kWlbIdeal, o), std::nullopt);
+  EXPECT_EQ(StrategyWire(SimStrategy::kMegatron, o), std::nullopt);
+  o.cad_wire.reset();  // each its own
+  EXPECT_EQ(StrategyWire(SimStrategy::kDistca, o), PlanWire::kDistca);
+  EXPECT_EQ(StrategyWire(SimStrategy::kDistcaPaper, o), PlanWire::kDistcaArtifact);
+}
+
 // distca's buffers on its busiest rank, in the rank's bytes, from what the
 // runtime allocates (src/runtime/dispatcher.cc) for each nano-batch in
 // flight: in a pass, a send buffer for the larger of its two exchanges' sends
