@@ -42,8 +42,8 @@ struct Args {
   distca::GridRecipe grid_recipe;
   SimOptions sim;
   int batches = 30;
-  bool no_ping_pong = false, no_grad_sync = false, no_distributed_optimizer = false, json = false,
-       tolerance_sweep = false, breakdown = false, search = false;
+  bool no_ping_pong = false, no_grad_sync = false, no_distributed_optimizer = false, no_optimizer_step = false,
+       json = false, tolerance_sweep = false, breakdown = false, search = false;
   std::vector<std::pair<int, int>> shapes;  // --search: the (tp, pp) shapes to try
 };
 
@@ -89,6 +89,7 @@ nlohmann::json ToJson(const Args& a, const SimOptions& o, const SimResult& r) {
           {"ping_pong", o.ping_pong},
           {"grad_sync", o.grad_sync},
           {"distributed_optimizer", o.distributed_optimizer},
+          {"optimizer_moments", o.optimizer_moments},
           {"micro_batches", o.micro_batches},
           {"recompute_mlp", o.recompute_mlp},
           {"wlb_scope", distca::WlbScopeName(o.wlb_scope)},
@@ -407,6 +408,9 @@ int Run(int argc, char** argv) {
                  "bytes per row of CAD's all-to-alls, for distca and distca-paper: distca (this runtime's), "
                  "distca-artifact (DistCA's) or distca-artifact-no-resend (DistCA's without resending Q/K/V in the "
                  "backward, pp 1 only); default: distca-paper DistCA's, the others this runtime's");
+  app.add_flag("--no-optimizer-step", a.no_optimizer_step,
+               "the run never steps the optimizer, so Adam's moments are never allocated (memory only; the DistCA "
+               "artifact's benchmark runs)");
   app.add_flag("--no-distributed-optimizer", a.no_distributed_optimizer,
                "replicate the fp32 master weights and Adam moments on every data-parallel rank (default: sharded, "
                "Megatron-LM's distributed optimizer)");
@@ -454,6 +458,7 @@ int Run(int argc, char** argv) {
   o.tolerance += 0.0;  // -0 reads as 0
   o.grad_sync = !a.no_grad_sync;
   o.distributed_optimizer = !a.no_distributed_optimizer;
+  o.optimizer_moments = !a.no_optimizer_step;
   s = distca::ParseWlbScope(a.wlb_scope, &o.wlb_scope);
   if (!s.ok()) return Fail(s.message());
   if (app.count("--wire") > 0) {

@@ -198,6 +198,11 @@ struct SimOptions {
   // moments (12 bytes a parameter) sharded over the stage's G ranks (DP x
   // CP); off: replicated on every rank. Default: on
   bool distributed_optimizer = true;
+  // Adam's two fp32 moments are in memory. Off: the run never steps the
+  // optimizer, so they are never allocated (PyTorch optimizers create them
+  // on the first step), as in the DistCA artifact's benchmark runs, which
+  // only zero the gradients. Memory only. Default: on
+  bool optimizer_moments = true;
   // Close every iteration with the data-parallel gradient sync over the
   // stage's G ranks: with the distributed optimizer, a reduce-scatter of the
   // float32 gradients and an all-gather of the updated bf16 weights; without

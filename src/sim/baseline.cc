@@ -125,6 +125,7 @@ Status RunContextParallel(const SimContext& ctx, const std::vector<CpStageCost>&
       MemoryInput mem;
       mem.stage_params = ctx.stage_params;
       mem.optimizer_shards = ctx.optimizer_shards;
+      mem.optimizer_moments = ctx.options.optimizer_moments;
       mem.activation_tokens = act;
       // A layer backward's working set is that of the largest micro-batch,
       // and the last stage also holds its logits (for the bound).

@@ -65,6 +65,7 @@ double CadMemoryBytes(const SimContext& ctx, int c, int buffer_copies) {
   MemoryInput mem;
   mem.stage_params = ctx.stage_params;
   mem.optimizer_shards = ctx.optimizer_shards;
+  mem.optimizer_moments = o.optimizer_moments;
   mem.buffer_bytes = double(buffer_copies) * double(o.comm_budget) * o.tp;
   mem.working_tokens = tokens;
   // The first stage holds the most waves in flight, the last one a single
@@ -509,6 +510,7 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
       if (j < G) {
         mem.stage_params = ctx.stage_params;
         mem.optimizer_shards = ctx.optimizer_shards;
+        mem.optimizer_moments = opt.optimizer_moments;
         mem.activation_tokens = held_max[r] * ctx.CadInFlight(m, s) * ctx.stage_layers;
         if (s == P - 1) mem.logits_tokens = held_max[r];  // the logits of its largest wave
         mem.working_tokens = held_max[r];

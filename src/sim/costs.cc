@@ -112,12 +112,13 @@ double RankCosts::PointToPoint(double bytes, bool inter_node) const {
 
 double DeviceMemoryBytes(const RankCosts& costs, const MemoryInput& in) {
   // Weights in the training precision (bf16: 2 B) and gradients in fp32
-  // (4 B), replicated; Adam m and v in fp32 (8 B) and, when the weights are
+  // (4 B), replicated; Adam m and v in fp32 (8 B, unless the run never steps
+  // the optimizer, MemoryInput::optimizer_moments) and, when the weights are
   // narrower than fp32, an fp32 master copy (4 B), sharded over the
   // data-parallel ranks. bf16: 6 + 12 / shards B per parameter; fp32 (the
   // cpu profile, as distca-train): 8 + 8 / shards.
   const double dt = costs.DtypeBytes(), full = std::max(4.0, dt);
-  const double optimizer = 2.0 * full + (dt < full ? full : 0.0);
+  const double optimizer = (in.optimizer_moments ? 2.0 * full : 0.0) + (dt < full ? full : 0.0);
   const double states = in.stage_params * (dt + full) + in.stage_params * optimizer / std::max(1, in.optimizer_shards);
   // The logits live while the loss and the output layer's backward run,
   // before any layer's backward, whose transient peak comes after them.

@@ -197,12 +197,13 @@ class RankCosts {
 
 // Memory of one rank, in bytes per device (docs/simulator.md, "Memory").
 struct MemoryInput {
-  double stage_params = 0;       // parameters this rank's stage holds (0 for attention-only servers)
-  int optimizer_shards = 1;      // ranks the distributed optimizer shards over
-  double activation_tokens = 0;  // tokens whose activations are held at once, times layers of the stage
-  double logits_tokens = 0;      // last stage: tokens of the micro-batch whose logits are live (else 0)
-  double working_tokens = 0;     // tokens of the largest micro-batch the rank runs (a layer's backward peak)
-  double buffer_bytes = 0;       // KV all-gather or CAD send + receive buffers (whole rank)
+  double stage_params = 0;        // parameters this rank's stage holds (0 for attention-only servers)
+  int optimizer_shards = 1;       // ranks the distributed optimizer shards over
+  bool optimizer_moments = true;  // Adam's m and v allocated (SimOptions::optimizer_moments)
+  double activation_tokens = 0;   // tokens whose activations are held at once, times layers of the stage
+  double logits_tokens = 0;       // last stage: tokens of the micro-batch whose logits are live (else 0)
+  double working_tokens = 0;      // tokens of the largest micro-batch the rank runs (a layer's backward peak)
+  double buffer_bytes = 0;        // KV all-gather or CAD send + receive buffers (whole rank)
   // CAD without the resend (whole rank): what a server keeps for the
   // backward net of the Q/K/V its owners drop; may be negative.
   double server_bytes = 0;

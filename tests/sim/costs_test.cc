@@ -592,6 +592,11 @@ TEST(RankCostsTest, MemoryPerDevice) {
   fp32.dtype_bytes = 4;
   const RankCosts k32(TestModel(), fp32, 2);
   EXPECT_DOUBLE_EQ(sim::DeviceMemoryBytes(k32, in), (8000.0 + 2000 + 10 * 3328 + 3 * 2048 + 100) / 2);
+  // A run that never steps the optimizer has no moments: bf16 keeps its
+  // sharded fp32 master copy (4 B), fp32 has nothing sharded.
+  in.optimizer_moments = false;
+  EXPECT_DOUBLE_EQ(sim::DeviceMemoryBytes(k, in), (6000.0 + 1000 + 16640 + 3 * 1536 + 100) / 2);
+  EXPECT_DOUBLE_EQ(sim::DeviceMemoryBytes(k32, in), (8000.0 + 10 * 3328 + 3 * 2048 + 100) / 2);
 }
 
 }  // namespace

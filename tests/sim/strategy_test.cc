@@ -1425,12 +1425,12 @@ TEST(GridTest, PaperGridShapesAndCsv) {
   // The last columns: micro-batches, MLP recomputation (128K: none), scope,
   // gradient sync seconds, then the run's settings, the packing and the
   // hardware profile.
-  const std::string settings = ",0,distca,1000,0.1,2,0,1,whole,h200-dgx\n";
+  const std::string settings = ",0,distca,1000,0.1,2,0,1,1,whole,h200-dgx\n";
   EXPECT_NE(row.find("," + std::to_string(points[0].micro_batches) + ",0,whole-batch,0.125000" + settings),
             std::string::npos)
       << row;
   EXPECT_NE(header.find(",wlb_scope,grad_sync_s,ping_pong,wire,comm_budget,tolerance,servers,grad_sync,"
-                        "distributed_optimizer,packing,hardware\n"),
+                        "distributed_optimizer,optimizer_moments,packing,hardware\n"),
             std::string::npos);
   // A whole row, every column.
   r.iteration_s = 1.5;
