@@ -17,6 +17,9 @@ and debug runs of single full-length documents. How a row becomes a batch
   launcher's default), the optimizer never stepped (so Adam's moments are
   never allocated): distca-sim --batch-size 2 bs mb --micro-batches mb
   --recompute-mlp --no-optimizer-step, elongate t / 64K as the launcher;
+- the WLB baseline's per-document CP keeps the K/V prefixes it
+  concatenates for its query chunks besides the gathered K/V (wlbllm's
+  PerDocumentCPAttention): --wlb-artifact-kv;
 - wlbllm (the WLB baseline) runs per-document CP of degree cp over
   8 n / (tp pp cp) replicas: wlb-ideal with --cp cp;
 - d2 (DistCA) has no CP degree: its `cp` is the ranks per stage, 8 n / (tp
@@ -46,7 +49,7 @@ PRETRAIN = ["--lengths", os.path.join(ROOT, "data", "doc-lengths-pretrain.json")
 
 def simulate(binary, row, batches, recompute_mlp, overrides):
     nodes, bs, mb, t = int(row["nodes"]), int(row["bs"]), int(row["mb"]), int(row["t"])
-    cmd = [binary, "--json", "--threads", "2", "--no-grad-sync", "--no-optimizer-step", *PRETRAIN,
+    cmd = [binary, "--json", "--threads", "2", "--no-grad-sync", "--no-optimizer-step", "--wlb-artifact-kv", *PRETRAIN,
            "--model", "llama-34b", "--num-layers", row["layers"], "--gpus", str(8 * nodes), "--tp", row["tp"],
            "--pp", row["pp"], "--max-doc-len", str(t), "--batch-size", str(2 * bs * mb), "--micro-batches",
            str(mb), "--elongate", repr(t / 65536), "--batches", str(batches)]

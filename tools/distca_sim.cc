@@ -43,7 +43,7 @@ struct Args {
   SimOptions sim;
   int batches = 30;
   bool no_ping_pong = false, no_grad_sync = false, no_distributed_optimizer = false, no_optimizer_step = false,
-       json = false, tolerance_sweep = false, breakdown = false, search = false;
+       wlb_artifact_kv = false, json = false, tolerance_sweep = false, breakdown = false, search = false;
   std::vector<std::pair<int, int>> shapes;  // --search: the (tp, pp) shapes to try
 };
 
@@ -93,6 +93,7 @@ nlohmann::json ToJson(const Args& a, const SimOptions& o, const SimResult& r) {
           {"micro_batches", o.micro_batches},
           {"recompute_mlp", o.recompute_mlp},
           {"wlb_scope", distca::WlbScopeName(o.wlb_scope)},
+          {"wlb_artifact_kv", o.wlb_artifact_kv},
           {"wire", distca::StrategyWire(r.strategy, o)
                        ? nlohmann::json(distca::PlanWireName(*distca::StrategyWire(r.strategy, o)))
                        : nlohmann::json(nullptr)},
@@ -408,6 +409,9 @@ int Run(int argc, char** argv) {
                  "bytes per row of CAD's all-to-alls, for distca and distca-paper: distca (this runtime's), "
                  "distca-artifact (DistCA's) or distca-artifact-no-resend (DistCA's without resending Q/K/V in the "
                  "backward, pp 1 only); default: distca-paper DistCA's, the others this runtime's");
+  app.add_flag("--wlb-artifact-kv", a.wlb_artifact_kv,
+               "wlb-ideal keeps for the backward what the DistCA artifact's per-document CP keeps: also each "
+               "document's K/V prefixes concatenated for its two query chunks (memory only)");
   app.add_flag("--no-optimizer-step", a.no_optimizer_step,
                "the run never steps the optimizer, so Adam's moments are never allocated (memory only; the DistCA "
                "artifact's benchmark runs)");
@@ -459,6 +463,7 @@ int Run(int argc, char** argv) {
   o.grad_sync = !a.no_grad_sync;
   o.distributed_optimizer = !a.no_distributed_optimizer;
   o.optimizer_moments = !a.no_optimizer_step;
+  o.wlb_artifact_kv = a.wlb_artifact_kv;
   s = distca::ParseWlbScope(a.wlb_scope, &o.wlb_scope);
   if (!s.ok()) return Fail(s.message());
   if (app.count("--wire") > 0) {
@@ -506,8 +511,9 @@ int Run(int argc, char** argv) {
         return Fail(fmt::format("{} configures CAD: it needs distca or distca-paper among --strategies", flag));
     if (app.count("--cp") > 0 && !listed({SimStrategy::kWlbIdeal, SimStrategy::kMegatron}))
       return Fail("--cp fixes the baselines' CP degree: it needs wlb-ideal or megatron among --strategies");
-    if (app.count("--wlb-scope") > 0 && !listed({SimStrategy::kWlbIdeal}))
-      return Fail("--wlb-scope configures wlb-ideal: it needs wlb-ideal among --strategies");
+    for (const char* flag : {"--wlb-scope", "--wlb-artifact-kv"})
+      if (app.count(flag) > 0 && !listed({SimStrategy::kWlbIdeal}))
+        return Fail(fmt::format("{} configures wlb-ideal: it needs wlb-ideal among --strategies", flag));
     if (a.tolerance_sweep && app.count("--strategies") > 0)
       for (SimStrategy st : strategies)
         if (!IsCad(st))

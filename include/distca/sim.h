@@ -183,6 +183,12 @@ struct SimOptions {
   // (docs/simulator.md, "wlb-ideal"). Default: kWholeBatchArtifactCap, as
   // the DistCA artifact's WLB benchmark calls its balancer
   WlbScope wlb_scope = WlbScope::kWholeBatchArtifactCap;
+  // wlb-ideal keeps for the backward pass what the DistCA artifact's
+  // per-document CP keeps: besides the gathered K/V, each document's K/V
+  // prefixes concatenated for its two query chunks (2c - 1/2 ranks' shares
+  // of K/V a layer instead of c - 1). Memory only. Default: off (the
+  // prefixes as views of the gathered K/V)
+  bool wlb_artifact_kv = false;
   int dedicated_servers = 0;  // distca: extra attention-only ranks per stage. Default: 0
   // CAD: two nano-batches overlapping compute and traffic; off: one plan per
   // wave, its traffic exposed (distca-train --ping-pong off). Default: on

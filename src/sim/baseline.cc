@@ -119,9 +119,16 @@ Status RunContextParallel(const SimContext& ctx, const std::vector<CpStageCost>&
     for (int s = 0; s < stages; ++s) {
       const int in_flight = std::min<int>(stages - s, int(held.size()));
       const double act = std::accumulate(held.begin(), held.begin() + in_flight, 0.0) * ctx.stage_layers;
-      // Gathered K/V kept for the backward pass: (c - 1) ranks' share of
-      // every layer of each micro-batch in flight.
-      const double kept_kv = keeps_gathered_kv ? act * (c - 1) * k.KvBytesPerToken() : 0.0;
+      // K/V kept for the backward pass, every layer of each micro-batch in
+      // flight, in shares of a rank's tokens: the gathered K/V less the
+      // rank's own (in its activations), c - 1; with wlb_artifact_kv, as the
+      // DistCA artifact's per-document CP keeps it (wlbllm's
+      // PerDocumentCPAttention.forward, save_for_backward), also the K/V
+      // prefixes it concatenates per document for its two query chunks,
+      // (2c + 1) / 2c of the micro-batch or c + 1/2 shares: 2c - 1/2 in all
+      // (1.5 at c = 1, where the prefixes are still concatenated).
+      const double kept_shares = ctx.options.wlb_artifact_kv ? 2.0 * c - 0.5 : double(c - 1);
+      const double kept_kv = keeps_gathered_kv ? act * kept_shares * k.KvBytesPerToken() : 0.0;
       MemoryInput mem;
       mem.stage_params = ctx.stage_params;
       mem.optimizer_shards = ctx.optimizer_shards;

@@ -83,6 +83,7 @@ SimResult Predict(const Outcome& r, const HardwareProfile& hw, const std::vector
   o.recompute_mlp = recompute_mlp;
   o.grad_sync = false;
   o.optimizer_moments = false;  // the artifact's benchmarks never step the optimizer
+  o.wlb_artifact_kv = true;     // and its per-document CP keeps the K/V prefixes it concatenates
   std::vector<SimStrategy> strategies;
   if (r.mode == "wlbllm") {
     o.cp = r.cp;
@@ -131,14 +132,14 @@ TEST(ArtifactMemoryTest, RunsThatFitArePredictedToFit) {
     right[m] += fitted == p.memory_fits;
     oom_caught[m] += !fitted && !p.memory_fits;
   }
-  // The agreement measured when the test was written (2026-12-01): 71 of 83
-  // WLB runs and 54 of 60 DistCA runs; a change to the memory model may
-  // raise it, not lower it.
+  // The agreement measured when the test was written (2026-12-01): 75 of 83
+  // WLB runs (71 with only the gathered K/V kept) and 54 of 60 DistCA runs;
+  // a change to the memory model may raise it, not lower it.
   EXPECT_EQ(total[0], 83);
   EXPECT_EQ(total[1], 60);
-  EXPECT_GE(right[0], 71);
+  EXPECT_GE(right[0], 75);
   EXPECT_GE(right[1], 54);
-  EXPECT_GE(oom_caught[0], 23);
+  EXPECT_GE(oom_caught[0], 27);
   EXPECT_GE(oom_caught[1], 16);
 }
 

@@ -201,6 +201,14 @@ TEST(WlbIdealTest, KeepsEveryLayersGatheredKv) {
   // activations and 1536 B of logits for 512 tokens; per device of tp 2.
   const double common = params * 6 + params * 12 / 2 + 512.0 * 2 * 1664 + 512.0 * 1536;
   EXPECT_NEAR(wlb.memory_max_bytes, (common + 131072 + 131072) / 2, common * kRel);
+  // As the DistCA artifact keeps it: also the K/V prefixes of its two query
+  // chunks, concatenated (rank 0 holds shards 0 and 3 of a 1024 document in
+  // 4: prefixes of 256 and 1024 rows), for both layers: 2 x (512 + 1280) x
+  // 128 = 458752 B, 3.5 ranks' shares (2c - 1/2).
+  o.wlb_artifact_kv = true;
+  const SimResult artifact = SimulateOne(o, {{1024, 1024}}, SimStrategy::kWlbIdeal);
+  EXPECT_NEAR(artifact.memory_max_bytes, (common + 458752 + 131072) / 2, common * kRel);
+  EXPECT_EQ(artifact.iteration_s, wlb.iteration_s);  // memory only
   EXPECT_NEAR(meg.memory_max_bytes, (common + 262144) / 2, common * kRel);
 }
 
@@ -1425,12 +1433,12 @@ TEST(GridTest, PaperGridShapesAndCsv) {
   // The last columns: micro-batches, MLP recomputation (128K: none), scope,
   // gradient sync seconds, then the run's settings, the packing and the
   // hardware profile.
-  const std::string settings = ",0,distca,1000,0.1,2,0,1,1,whole,h200-dgx\n";
+  const std::string settings = ",0,distca,1000,0.1,2,0,1,1,0,whole,h200-dgx\n";
   EXPECT_NE(row.find("," + std::to_string(points[0].micro_batches) + ",0,whole-batch,0.125000" + settings),
             std::string::npos)
       << row;
   EXPECT_NE(header.find(",wlb_scope,grad_sync_s,ping_pong,wire,comm_budget,tolerance,servers,grad_sync,"
-                        "distributed_optimizer,optimizer_moments,packing,hardware\n"),
+                        "distributed_optimizer,optimizer_moments,wlb_artifact_kv,packing,hardware\n"),
             std::string::npos);
   // A whole row, every column.
   r.iteration_s = 1.5;
