@@ -49,7 +49,7 @@ PRETRAIN = ["--lengths", os.path.join(ROOT, "data", "doc-lengths-pretrain.json")
 
 def simulate(binary, row, batches, recompute_mlp, overrides):
     nodes, bs, mb, t = int(row["nodes"]), int(row["bs"]), int(row["mb"]), int(row["t"])
-    cmd = [binary, "--json", "--threads", "2", "--no-grad-sync", "--no-optimizer-step", "--wlb-artifact-kv", *PRETRAIN,
+    cmd = [binary, "--json", "--threads", "2", "--no-grad-sync", "--no-optimizer-step", *PRETRAIN,
            "--model", "llama-34b", "--num-layers", row["layers"], "--gpus", str(8 * nodes), "--tp", row["tp"],
            "--pp", row["pp"], "--max-doc-len", str(t), "--batch-size", str(2 * bs * mb), "--micro-batches",
            str(mb), "--elongate", repr(t / 65536), "--batches", str(batches)]
@@ -58,14 +58,13 @@ def simulate(binary, row, batches, recompute_mlp, overrides):
     for spec in overrides:
         cmd += ["--hardware-set", spec]
     if row["mode"] == "wlbllm":
-        cmd += ["--strategies", "wlb-ideal", "--cp", row["cp"]]
+        cmd += ["--strategies", "wlb-ideal", "--cp", row["cp"], "--wlb-artifact-kv"]
     else:
         cmd += ["--strategies", "distca-paper", "--comm-budget", str(int(float(row["buffer_gb"]) * 2**30))]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
-        return None, done.stderr.strip().splitlines()[-1]
-    r = json.loads(done.stdout.splitlines()[0])
-    return r, None
+        sys.exit(f"{' '.join(cmd)} failed:\n{done.stderr}")
+    return json.loads(done.stdout.splitlines()[0])
 
 
 def main():
@@ -91,11 +90,8 @@ def main():
             batches = int(row["samples"])
             if a.batches:
                 batches = min(batches, a.batches)
-            r, error = simulate(a.bin, row, batches, recompute_row, a.set)
-            if r is None:
-                predicted, peak = "error", error
-            else:
-                predicted, peak = ("fits" if r["memory_fits"] else "oom"), f"{r['memory_max_bytes'] / 1e9:.1f} GB"
+            r = simulate(a.bin, row, batches, recompute_row, a.set)
+            predicted, peak = ("fits" if r["memory_fits"] else "oom"), f"{r['memory_max_bytes'] / 1e9:.1f} GB"
             key = (row["outcome"], predicted)
             tally[key] = tally.get(key, 0) + 1
             right = (row["outcome"] in ("pass", "partial")) == (predicted == "fits")
