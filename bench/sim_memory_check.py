@@ -5,9 +5,11 @@ recorded as fitting or running out of memory on H200s.
 bench/data/artifact-memory-outcomes.csv holds the outcomes the artifact's
 34B sweep configurations record (hao-ai-lab/distca,
 benchmarks/_250923_test_pp_34b/config_sweep_memory.config*.sh): one row per
-distinct run of CodeLlama-34B (48 layers) on the Pretrain sample, with
-`pass` (every sampled iteration ran), `partial` (at least one did) or `oom`
-(the log holds OutOfMemoryError). Left out: runs that failed for another or
+distinct configuration of CodeLlama-34B (48 layers) on the Pretrain sample
+(`runs` says how many recorded runs it stands for; repeated runs of one
+configuration never disagree on fitting), with `pass` (every sampled
+iteration ran), `partial` (at least one did) or `oom` (the log holds
+OutOfMemoryError). Left out: runs that failed for another or
 an unknown reason, runs on the ProLong sample or whose sample is uncertain,
 and debug runs of single full-length documents. How a row becomes a batch
 (tests/test_wlb_e2e.py, tests/test_megatron_e2e_pipeline_with_cp.py):
@@ -83,10 +85,7 @@ def main():
         for row in rows:
             if row["mode"] != mode:
                 continue
-            if mode == "wlbllm" and row["selective_ckpt"] != "1":
-                recompute_row = False
-            else:
-                recompute_row = recompute
+            recompute_row = recompute and row["selective_ckpt"] == "1"
             batches = int(row["samples"])
             if a.batches:
                 batches = min(batches, a.batches)
