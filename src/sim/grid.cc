@@ -76,8 +76,10 @@ Status PaperGrid(std::string_view dims, std::vector<GridPoint>* points, const Gr
       p.batch_size = batch;
       p.elongate = double(row.length) / double(recipe.elongate_base);
       p.micro_batches = recipe.micro_batches > 0 ? recipe.micro_batches : (with_pp ? 8 : 1);
-      // The artifact recomputes the MLP from 256K on.
-      p.recompute_mlp = row.length >= 256 * kK;
+      // The artifact recomputes the MLP from 256K on in its 3D sweeps, and
+      // at every length in its 34B pipeline sweeps (their launcher,
+      // salloc_srun.pp_34b.v2.sh, exports EXPERIMENT_ADD_SELECTIVE_CKPT=1).
+      p.recompute_mlp = row.length >= 256 * kK || (with_pp && p.model == "llama-34b");
       points->push_back(p);
     }
   }

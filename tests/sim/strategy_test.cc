@@ -1399,6 +1399,9 @@ TEST(GridTest, PaperGridShapesAndCsv) {
       EXPECT_LE(p.max_doc_len, 384 * 1024);
       EXPECT_GE(p.gpus, 128);
     }
+    // The MLP recomputed from 256K, and at every length for 34B (the
+    // artifact's 34B pipeline sweeps turn selective checkpointing on).
+    EXPECT_EQ(p.recompute_mlp, p.max_doc_len >= 256 * 1024 || p.model == "llama-34b") << p.Label();
   }
   EXPECT_EQ(points[5].Label(), "8B 256K 256");
   EXPECT_EQ(points[5].batch_size, 32);
