@@ -43,10 +43,10 @@ import os
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sim_report import PRETRAIN, ROOT  # noqa: E402 (the Pretrain recipe's flags, the repository root)
+
 DATA = os.path.join(ROOT, "bench", "data", "artifact-memory-outcomes.csv")
-PRETRAIN = ["--lengths", os.path.join(ROOT, "data", "doc-lengths-pretrain.json"), "--upsample", "4",
-            "--filter-ratio", "0.5"]
 
 
 def simulate(binary, row, batches, recompute_mlp, overrides):

@@ -71,11 +71,10 @@ Status Sample(const std::vector<int64_t>& pool, const Args& a, const SimOptions&
   return distca::SampleBatches(pool, r, a.batches, batches);
 }
 
-bool IsCad(distca::SimStrategy s) {
-  return s == distca::SimStrategy::kDistca || s == distca::SimStrategy::kDistcaPaper;
-}
+using distca::IsCadStrategy;
 
 nlohmann::json ToJson(const Args& a, const SimOptions& o, const SimResult& r) {
+  const std::optional<distca::PlanWire> wire = distca::StrategyWire(r.strategy, o);
   const distca::SimBreakdown& b = r.breakdown;
   return {{"strategy", distca::SimStrategyName(r.strategy)},
           {"model", o.model.name},
@@ -94,9 +93,7 @@ nlohmann::json ToJson(const Args& a, const SimOptions& o, const SimResult& r) {
           {"recompute_mlp", o.recompute_mlp},
           {"wlb_scope", distca::WlbScopeName(o.wlb_scope)},
           {"wlb_artifact_kv", o.wlb_artifact_kv},
-          {"wire", distca::StrategyWire(r.strategy, o)
-                       ? nlohmann::json(distca::PlanWireName(*distca::StrategyWire(r.strategy, o)))
-                       : nlohmann::json(nullptr)},
+          {"wire", wire ? nlohmann::json(distca::PlanWireName(*wire)) : nlohmann::json(nullptr)},
           {"tolerance", o.tolerance},
           {"comm_budget", o.comm_budget},
           {"servers", o.dedicated_servers},
@@ -111,7 +108,7 @@ nlohmann::json ToJson(const Args& a, const SimOptions& o, const SimResult& r) {
           {"bytes_moved", r.bytes_moved},
           {"max_buffer_bytes", r.max_buffer_bytes},
           {"cp", r.cp},
-          {"tolerance_used", IsCad(r.strategy) ? nlohmann::json(r.tolerance_used) : nlohmann::json(nullptr)},
+          {"tolerance_used", IsCadStrategy(r.strategy) ? nlohmann::json(r.tolerance_used) : nlohmann::json(nullptr)},
           {"grad_sync_s", r.grad_sync_s},
           {"breakdown_per_layer_s",
            {{"forward_linear", b.forward_linear_s},
@@ -132,7 +129,7 @@ void PrintTable(const std::vector<SimResult>& results, bool breakdown) {
                distca::SimStrategyName(r.strategy), r.iteration_s, r.tokens_per_s,
                r.speedup > 0 ? fmt::format("{:.3f}x", r.speedup) : "-", r.idle_fraction, r.memory_max_bytes * 1e-9,
                r.memory_fits ? " " : "!", r.memory_mean_bytes * 1e-9, r.bytes_moved * 1e-9, r.max_buffer_bytes * 1e-9,
-               r.cp, IsCad(r.strategy) ? fmt::format("{:.3g}", r.tolerance_used) : "-");
+               r.cp, IsCadStrategy(r.strategy) ? fmt::format("{:.3g}", r.tolerance_used) : "-");
   }
   bool over = false;
   for (const SimResult& r : results) over |= !r.memory_fits;
@@ -251,7 +248,7 @@ int RunToleranceSweep(const Args& a, const std::vector<std::vector<int64_t>>& ba
                       const std::vector<distca::SimStrategy>& strategies) {
   std::vector<distca::SimStrategy> cad;
   for (distca::SimStrategy st : strategies)
-    if (IsCad(st)) cad.push_back(st);
+    if (IsCadStrategy(st)) cad.push_back(st);
   if (cad.empty()) return Fail("--tolerance-sweep needs distca or distca-paper among --strategies");
   if (!a.out_dir.empty())
     if (const int rc = MakeOutDir(a.out_dir); rc != 0) return rc;
@@ -516,7 +513,7 @@ int Run(int argc, char** argv) {
         return Fail(fmt::format("{} configures wlb-ideal: it needs wlb-ideal among --strategies", flag));
     if (a.tolerance_sweep && app.count("--strategies") > 0)
       for (SimStrategy st : strategies)
-        if (!IsCad(st))
+        if (!IsCadStrategy(st))
           return Fail(fmt::format("--tolerance-sweep runs CAD strategies only: drop {} from --strategies",
                                   distca::SimStrategyName(st)));
   }
@@ -623,7 +620,7 @@ int Run(int argc, char** argv) {
                                                    ? fmt::format(", wlb scope {}", distca::WlbScopeName(o.wlb_scope))
                                                    : "")
                                  : fmt::format("{:.3g} chunk(s) per rank", double(o.batch_size) / ranks);
-  const bool cad = std::any_of(strategies.begin(), strategies.end(), IsCad);
+  const bool cad = std::any_of(strategies.begin(), strategies.end(), IsCadStrategy);
   const std::string cad_setup =
       cad ? fmt::format(", CAD buffer {}{}",
                         o.comm_budget > 0 ? fmt::format("{:.3g} GiB per device", double(o.comm_budget) / (1 << 30))

@@ -235,6 +235,9 @@ struct SimOptions {
   int threads = 0;  // OpenMP threads over batches; 0 = OMP_NUM_THREADS. Default: 0
 };
 
+// distca or distca-paper: the strategies that plan CAD traffic at a
+// tolerance.
+bool IsCadStrategy(SimStrategy strategy);
 // The wire format strategy s's all-to-alls carry under `options`:
 // options.cad_wire for distca and distca-paper when set, else each its own
 // (distca-paper DistCA's, distca and colocated this runtime's); none for

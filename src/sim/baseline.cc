@@ -129,10 +129,7 @@ Status RunContextParallel(const SimContext& ctx, const std::vector<CpStageCost>&
       // (1.5 at c = 1, where the prefixes are still concatenated).
       const double kept_shares = ctx.options.wlb_artifact_kv ? 2.0 * c - 0.5 : double(c - 1);
       const double kept_kv = keeps_gathered_kv ? act * kept_shares * k.KvBytesPerToken() : 0.0;
-      MemoryInput mem;
-      mem.stage_params = ctx.stage_params;
-      mem.optimizer_shards = ctx.optimizer_shards;
-      mem.optimizer_moments = ctx.options.optimizer_moments;
+      MemoryInput mem = ctx.StageStateMemory();
       mem.activation_tokens = act;
       // A layer backward's working set is that of the largest micro-batch,
       // and the last stage also holds its logits (for the bound).

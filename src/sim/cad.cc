@@ -62,10 +62,7 @@ Status StageLayout(const std::vector<std::vector<int64_t>>& stage_docs, int rank
 double CadMemoryBytes(const SimContext& ctx, int c, int buffer_copies) {
   const SimOptions& o = ctx.options;
   const double tokens = ctx.CadRankTokens(c);
-  MemoryInput mem;
-  mem.stage_params = ctx.stage_params;
-  mem.optimizer_shards = ctx.optimizer_shards;
-  mem.optimizer_moments = o.optimizer_moments;
+  MemoryInput mem = ctx.StageStateMemory();
   mem.buffer_bytes = double(buffer_copies) * double(o.comm_budget) * o.tp;
   mem.working_tokens = tokens;
   // The first stage holds the most waves in flight, the last one a single
@@ -508,9 +505,7 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
       const int r = s * stride + j;
       MemoryInput mem;
       if (j < G) {
-        mem.stage_params = ctx.stage_params;
-        mem.optimizer_shards = ctx.optimizer_shards;
-        mem.optimizer_moments = opt.optimizer_moments;
+        mem = ctx.StageStateMemory();
         mem.activation_tokens = held_max[r] * ctx.CadInFlight(m, s) * ctx.stage_layers;
         if (s == P - 1) mem.logits_tokens = held_max[r];  // the logits of its largest wave
         mem.working_tokens = held_max[r];

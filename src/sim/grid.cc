@@ -112,7 +112,7 @@ std::string CsvField(std::string_view text) {
 std::string GridCsvRow(const GridPoint& p, const SimResult& r, const SimOptions& run, std::string_view packing) {
   // Empty where the strategy has none: the tolerance its CAD plans used, the
   // wire format its all-to-alls carry.
-  const bool cad = r.strategy == SimStrategy::kDistca || r.strategy == SimStrategy::kDistcaPaper;
+  const bool cad = IsCadStrategy(r.strategy);
   const std::optional<PlanWire> wire = StrategyWire(r.strategy, run);
   return fmt::format(
       "{},{},{},{},{},{},{},{},{:.6f},{:.1f},{},{:.4f},{:.3f},{:.3f},{},{:.3f},{:.4f},{},{},"

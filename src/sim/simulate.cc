@@ -195,6 +195,10 @@ double SimContext::CadRankTokens(int c) const {
 
 const char* SimStrategyName(SimStrategy strategy) { return Entry(strategy).name; }
 
+bool IsCadStrategy(SimStrategy strategy) {
+  return strategy == SimStrategy::kDistca || strategy == SimStrategy::kDistcaPaper;
+}
+
 std::optional<PlanWire> StrategyWire(SimStrategy strategy, const SimOptions& options) {
   switch (strategy) {
     case SimStrategy::kDistcaPaper:

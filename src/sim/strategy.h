@@ -23,6 +23,15 @@ struct SimContext {
   int stage_layers = 0;      // layers per pipeline stage
   double stage_params = 0;   // ParameterCount (with replicated K/V projections, RankKvHeads) / pp
   int optimizer_shards = 1;  // G with the distributed optimizer, else 1
+  // The memory of a rank that holds this stage's weights, before its
+  // activations and buffers: parameters, optimizer sharding and moments.
+  MemoryInput StageStateMemory() const {
+    MemoryInput mem;
+    mem.stage_params = stage_params;
+    mem.optimizer_shards = optimizer_shards;
+    mem.optimizer_moments = options.optimizer_moments;
+    return mem;
+  }
   // Some stage's ranks span nodes (its devices do not all sit on one node):
   // the gradient sync runs at the inter-node bandwidth.
   bool stage_inter_node = false;
