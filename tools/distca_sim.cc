@@ -93,6 +93,7 @@ nlohmann::json ToJson(const Args& a, const SimOptions& o, const SimResult& r) {
           {"recompute_mlp", o.recompute_mlp},
           {"wlb_scope", distca::WlbScopeName(o.wlb_scope)},
           {"wlb_artifact_kv", o.wlb_artifact_kv},
+          {"wlb_breakpoint", o.wlb_breakpoint},
           {"wire", wire ? nlohmann::json(distca::PlanWireName(*wire)) : nlohmann::json(nullptr)},
           {"tolerance", o.tolerance},
           {"comm_budget", o.comm_budget},
@@ -409,6 +410,11 @@ int Run(int argc, char** argv) {
   app.add_flag("--wlb-artifact-kv", a.wlb_artifact_kv,
                "wlb-ideal keeps for the backward what the DistCA artifact's per-document CP keeps: also each "
                "document's K/V prefixes concatenated for its two query chunks (memory only)");
+  app.add_option("--wlb-breakpoint", o.wlb_breakpoint,
+                 "wlb-ideal's balancing breakpoint in tokens (its workload (l/b)^2 + l/b); Default: 0 = where a "
+                 "document's attention FLOPs equal its linear FLOPs (the DistCA artifact sets 64000 for 8B, 131072 "
+                 "for 34B)")
+      ->check(nonneg);
   app.add_flag("--no-optimizer-step", a.no_optimizer_step,
                "the run never steps the optimizer, so Adam's moments are never allocated (memory only; the DistCA "
                "artifact's benchmark runs)");
@@ -492,6 +498,9 @@ int Run(int argc, char** argv) {
                         "breakdown: drop {}",
                         flag));
   if (a.search && a.breakdown) return Fail("--search prints no breakdown: drop --breakdown");
+  // A grid holds both models, each with its own breakpoint.
+  if (!a.paper_grid.empty() && app.count("--wlb-breakpoint") > 0)
+    return Fail("--wlb-breakpoint is one model's: the grid runs two; drop it or run the grid's points one by one");
   if (a.json && a.breakdown) return Fail("--json carries the breakdown always: drop --breakdown");
   {  // Flags for strategies that --strategies does not list.
     auto listed = [&](std::initializer_list<distca::SimStrategy> any) {
@@ -508,7 +517,7 @@ int Run(int argc, char** argv) {
         return Fail(fmt::format("{} configures CAD: it needs distca or distca-paper among --strategies", flag));
     if (app.count("--cp") > 0 && !listed({SimStrategy::kWlbIdeal, SimStrategy::kMegatron}))
       return Fail("--cp fixes the baselines' CP degree: it needs wlb-ideal or megatron among --strategies");
-    for (const char* flag : {"--wlb-scope", "--wlb-artifact-kv"})
+    for (const char* flag : {"--wlb-scope", "--wlb-artifact-kv", "--wlb-breakpoint"})
       if (app.count(flag) > 0 && !listed({SimStrategy::kWlbIdeal}))
         return Fail(fmt::format("{} configures wlb-ideal: it needs wlb-ideal among --strategies", flag));
     if (a.tolerance_sweep && app.count("--strategies") > 0)

@@ -189,6 +189,13 @@ struct SimOptions {
   // of K/V a layer instead of c - 1). Memory only. Default: off (the
   // prefixes as views of the gathered K/V)
   bool wlb_artifact_kv = false;
+  // wlb-ideal's balancing breakpoint b in tokens, the length at which its
+  // workload (l/b)^2 + l/b counts attention as much as the linear layers.
+  // 0: where a document's attention FLOPs equal its linear FLOPs (53K tokens
+  // for Llama-3-8B, 84K for Llama-34B). The DistCA artifact's launchers set
+  // it by hand (ATTN_LINEAR_BREAKPOINT: 64000 for 8B, 131072 for 34B).
+  // Default: 0
+  int64_t wlb_breakpoint = 0;
   int dedicated_servers = 0;  // distca: extra attention-only ranks per stage. Default: 0
   // CAD: two nano-batches overlapping compute and traffic; off: one plan per
   // wave, its traffic exposed (distca-train --ping-pong off). Default: on

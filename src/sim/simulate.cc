@@ -328,6 +328,11 @@ Status ValidateSimOptions(const SimOptions& o) {
     return Status::InvalidArgument(
         fmt::format("tolerance must be a number in [0, {:g}], got {}", kMaxSimTolerance, o.tolerance));
   if (o.comm_budget < 0) return Status::InvalidArgument("comm budget must be >= 0");
+  if (o.wlb_breakpoint < 0 || o.wlb_breakpoint > kMaxSimIterationTokens)
+    return Status::InvalidArgument(
+        fmt::format("wlb-ideal's breakpoint must be in [0, {}] tokens (0: from the model's "
+                    "FLOPs), got {}",
+                    kMaxSimIterationTokens, o.wlb_breakpoint));
   if (o.threads < 0 || o.threads > kMaxThreads)
     return Status::InvalidArgument(fmt::format("threads must be in [0, {}], got {}", kMaxThreads, o.threads));
   return Status::Ok();

@@ -29,7 +29,9 @@ Status SimulateWlbIdeal(const SimContext& ctx, const std::vector<int64_t>& batch
   const SimOptions& o = ctx.options;
   const int64_t L = o.max_doc_len;
   const int replicas = ctx.stage_ranks / cp;
-  const double breakpoint = ctx.costs.LinearFlopsPerToken() / (2.0 * o.model.head_dim() * o.model.q_heads);
+  const double breakpoint = o.wlb_breakpoint > 0
+                                ? double(o.wlb_breakpoint)
+                                : ctx.costs.LinearFlopsPerToken() / (2.0 * o.model.head_dim() * o.model.q_heads);
   if (o.micro_batches > 0) {
     const int m = o.micro_batches;
     const int64_t total = int64_t{o.batch_size} * L;

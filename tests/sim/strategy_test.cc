@@ -289,6 +289,34 @@ TEST(WlbIdealTest, ArtifactMicroBatchesRebalanceEachMicroBatchOverTheReplicas) {
   EXPECT_TRUE(Contains(ParseWlbScope("global", &scope), "unknown wlb-ideal balancing scope 'global'"));
 }
 
+TEST(WlbIdealTest, BreakpointWeighsAttentionAgainstTheLinearLayers) {
+  SimOptions o = TestOptions();
+  o.cp = 1;
+  o.micro_batches = 1;
+  o.wlb_scope = WlbScope::kWholeBatch;
+  o.max_doc_len = 760;  // 2 chunks of 760 tokens
+  const sim::RankCosts k(o.model, o.hardware, o.tp);
+  const auto ca = [&](int64_t len) { return k.AttentionForward(0, len); };
+  const std::vector<int64_t> docs = {500, 150, 150, 150, 150, 150, 150, 120};
+  // 1520 tokens into 2 bins capped at 760. Breakpoint 100 (the quadratic
+  // term dominates): 500 -> bin 0; five 150s -> bin 1 (750 tokens, still
+  // the lighter); the sixth fits only bin 0 (650); 120 fits neither, is set
+  // aside, then joins the lighter bin 1: {500, 150} and {5 x 150, 120}.
+  o.wlb_breakpoint = 100;
+  const double quadratic = std::max(MicroBatch(k, 650, ca(500) + ca(150)), MicroBatch(k, 870, 5 * ca(150) + ca(120)));
+  SimResult r = SimulateOne(o, {docs}, SimStrategy::kWlbIdeal);
+  EXPECT_NEAR(r.iteration_s, quadratic, quadratic * kRel);
+  // Breakpoint 1e6 (tokens dominate): bins alternate by tokens, 500 | 150,
+  // 150, 150, 150 | 150 | 150; 120 fits neither, then joins bin 0 (650
+  // tokens, the lighter): {500, 150, 120} and {5 x 150}.
+  o.wlb_breakpoint = 1000000;
+  const double linear = std::max(MicroBatch(k, 770, ca(500) + ca(150) + ca(120)), MicroBatch(k, 750, 5 * ca(150)));
+  r = SimulateOne(o, {docs}, SimStrategy::kWlbIdeal);
+  EXPECT_NEAR(r.iteration_s, linear, linear * kRel);
+  o.wlb_breakpoint = -1;
+  EXPECT_TRUE(Contains(ValidateSimOptions(o), "wlb-ideal's breakpoint must be in [0, 1073741824] tokens"));
+}
+
 TEST(MegatronTest, ArtifactMicroBatchesJoinAReplicasChunks) {
   SimOptions o = TestOptions();
   o.cp = 2;
