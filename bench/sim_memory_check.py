@@ -57,12 +57,18 @@ def simulate(binary, row, batches, recompute_mlp, overrides):
            str(mb), "--elongate", repr(t / 65536), "--batches", str(batches)]
     if recompute_mlp:
         cmd.append("--recompute-mlp")
-    for spec in overrides:
-        cmd += ["--hardware-set", spec]
     if row["mode"] == "wlbllm":
         cmd += ["--strategies", "wlb-ideal", "--cp", row["cp"], "--wlb-artifact-kv"]
     else:
         cmd += ["--strategies", "distca-paper", "--comm-budget", str(int(float(row["buffer_gb"]) * 2**30))]
+    return run_json(cmd, overrides)
+
+
+def run_json(cmd, overrides):
+    """Runs a distca-sim --json command with the profile overrides (FIELD=VALUE)
+    and returns its first result; exits with its message if it fails."""
+    for spec in overrides:
+        cmd = cmd + ["--hardware-set", spec]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed:\n{done.stderr}")

@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""Compares distca-sim's iteration times with the ones the DistCA artifact
+measured on H200s for its WLB baseline and for DistCA.
+
+bench/data/artifact-measured-times.csv holds the artifact's measured tables
+(hao-ai-lab/DistCA, benchmarks2/_251020_perseq_dpcp/table.tsv,
+benchmarks2/_251025_perseq_pp/table.tsv and
+benchmarks2/_251029_perseq_dpcp_v2/table.tsv, October 2025): one row per run
+of CodeLlama-34B (48 layers, tp 8), with the mean, smallest and largest
+iteration time over its sampled batches. The check takes the runs on the
+Pretrain sample (dataset `wlbllm`) of the paper's two systems: `wlbllm`,
+the WLB baseline with per-document CP of degree `cp` (wlb-ideal with --cp
+and --wlb-artifact-kv),
+and `d2`, DistCA (distca-paper, its 2 GB NVSHMEM buffer as --comm-budget).
+Left out: the ProLong runs (no ProLong length distribution here) and
+`wlbllm_perseq` (per-sequence CP over variable-length packing, which no
+strategy here models). How a row becomes a batch is as in
+bench/sim_memory_check.py: 2 bs mb sequences of exactly t tokens in mb
+micro-batches, elongation t / 64K, the MLP recomputed, the optimizer never
+stepped (--no-optimizer-step) and the gradients never synchronized
+(--no-grad-sync): its benchmark (tests/test_e2e_combined.py) times
+forward and backward between barriers, with its planning outside the timing,
+and neither calls Megatron's gradient reduction nor, under the sweep's
+EXPERIMENT_SKIP_OPTIMIZER_STEP, the optimizer. Batch i holds the same
+documents in both systems (one seeded stream), so their means compare.
+The test ArtifactTimesTest keeps the agreement below.
+
+Prints each run's measured and predicted seconds, and per configuration the
+speedup of DistCA over the fastest WLB degree, measured and predicted (over
+the CP degrees that were measured).
+
+Usage: bench/sim_measured_check.py [--bin build/bin/distca-sim] [--batches N] [--set FIELD=VALUE ...]
+(N: sampled batches per run, default 30; --set changes a field of the
+h200-dgx profile, as distca-sim --hardware-set). Takes about a minute on 2 cores.
+"""
+import argparse
+import csv
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sim_memory_check import run_json  # noqa: E402
+from sim_report import PRETRAIN, ROOT  # noqa: E402 (the Pretrain recipe's flags, the repository root)
+
+DATA = os.path.join(ROOT, "bench", "data", "artifact-measured-times.csv")
+STRATEGY = {"wlbllm": "wlb-ideal", "d2": "distca-paper"}
+
+
+def simulate(binary, row, batches, overrides):
+    nodes, bs, mb, t = int(row["nodes"]), int(row["bs"]), int(row["mb"]), int(row["num_tokens"])
+    cmd = [binary, "--json", "--threads", "2", "--no-grad-sync", "--no-optimizer-step", "--recompute-mlp", *PRETRAIN,
+           "--model", "llama-34b", "--gpus", str(8 * nodes), "--tp", "8", "--pp", row["pp"], "--max-doc-len", str(t),
+           "--batch-size", str(2 * bs * mb), "--micro-batches", str(mb), "--elongate", repr(t / 65536), "--batches",
+           str(batches), "--strategies", STRATEGY[row["mode"]]]
+    if row["mode"] == "wlbllm":
+        cmd += ["--cp", row["cp"], "--wlb-artifact-kv"]
+    else:
+        cmd += ["--comm-budget", str(2 << 30)]
+    return run_json(cmd, overrides)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bin", default=os.path.join(ROOT, "build", "bin", "distca-sim"))
+    ap.add_argument("--batches", type=int, default=30, help="sampled batches per run (default 30)")
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                    help="change a field of the hardware profile (distca-sim --hardware-set); repeatable")
+    a = ap.parse_args()
+    rows = [r for r in csv.DictReader(open(DATA)) if r["dataset"] == "wlbllm" and r["mode"] in STRATEGY]
+    groups = {}
+    print("| config | system | measured s (batches) | predicted s | measured / predicted | predicted fits |")
+    print("|---|---|---|---|---|---|")
+    ratios = []
+    for row in rows:
+        r = simulate(a.bin, row, a.batches, a.set)
+        measured, predicted = float(row["mean_ms"]) / 1000, r["iteration_s"]
+        key = (int(row["nodes"]), int(row["num_tokens"]), int(row["bs"]), int(row["mb"]), int(row["pp"]))
+        system = "DistCA" if row["mode"] == "d2" else f"WLB cp {row['cp']}"
+        groups.setdefault(key, {})[system] = (measured, predicted, int(row["num_samples"]))
+        ratios.append(measured / predicted)
+        name = f"{key[0]} nodes, {key[1] // 1024}K, {2 * key[2] * key[3]} chunks"
+        print(f"| {name} | {system} | {measured:.2f} ({row['num_samples']}) | {predicted:.2f} | "
+              f"{measured / predicted:.3f} | {'yes' if r['memory_fits'] else 'no'} |")
+    print(f"\nmeasured / predicted: {min(ratios):.3f}-{max(ratios):.3f}, median {statistics.median(ratios):.3f} "
+          f"over {len(ratios)} runs\n")
+    print("| config | fastest WLB, measured | DistCA over it, measured | fastest WLB, predicted | predicted |")
+    print("|---|---|---|---|---|")
+    for (nodes, t, bs, mb, pp), runs in groups.items():
+        wlb = {s: v for s, v in runs.items() if s.startswith("WLB")}
+        if "DistCA" not in runs or not wlb:
+            continue
+        best_m = min(wlb, key=lambda s: wlb[s][0])
+        best_p = min(wlb, key=lambda s: wlb[s][1])
+        d = runs["DistCA"]
+        # The means are over the batches each run got through; where DistCA
+        # stopped early they are not over the same batches.
+        batches = f"{d[2]} batches" if d[2] == wlb[best_m][2] else f"DistCA over {d[2]} batches, WLB {wlb[best_m][2]}"
+        print(f"| {nodes} nodes, {t // 1024}K, {2 * bs * mb} chunks | {best_m} | {wlb[best_m][0] / d[0]:.3f} "
+              f"({batches}) | {best_p} | {wlb[best_p][1] / d[1]:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
