@@ -78,12 +78,14 @@ def main():
         key = (int(row["nodes"]), int(row["num_tokens"]), int(row["bs"]), int(row["mb"]), int(row["pp"]))
         system = "DistCA" if row["mode"] == "d2" else f"WLB cp {row['cp']}"
         groups.setdefault(key, {})[system] = (measured, predicted, int(row["num_samples"]))
-        ratios.append(measured / predicted)
+        ratios.append((measured / predicted, int(row["num_samples"]) >= 30))
         name = f"{key[0]} nodes, {key[1] // 1024}K, {2 * key[2] * key[3]} chunks"
         print(f"| {name} | {system} | {measured:.2f} ({row['num_samples']}) | {predicted:.2f} | "
               f"{measured / predicted:.3f} | {'yes' if r['memory_fits'] else 'no'} |")
-    print(f"\nmeasured / predicted: {min(ratios):.3f}-{max(ratios):.3f}, median {statistics.median(ratios):.3f} "
-          f"over {len(ratios)} runs\n")
+    for label, subset in (("all runs", [r for r, _ in ratios]), ("runs over 30 batches", [r for r, w in ratios if w])):
+        print(f"\nmeasured / predicted, {label}: {min(subset):.3f}-{max(subset):.3f}, mean "
+              f"{statistics.mean(subset):.3f}, median {statistics.median(subset):.3f} ({len(subset)} runs)")
+    print()
     print("| config | fastest WLB, measured | DistCA over it, measured | fastest WLB, predicted | predicted |")
     print("|---|---|---|---|---|")
     for (nodes, t, bs, mb, pp), runs in groups.items():

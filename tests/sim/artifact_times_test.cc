@@ -3,8 +3,8 @@
 // on 8 and 32 H200 nodes (bench/data/artifact-measured-times.csv, read the
 // way bench/sim_memory_check.py and bench/sim_measured_check.py describe).
 // The model must pick the CP degree the measurements found fastest, predict
-// DistCA's measured gain over it, and stay within the band of absolute error
-// it had when the data was added.
+// DistCA's measured gain over it, and predict the iteration times themselves
+// within the band it had when the data was added.
 #include <algorithm>
 #include <map>
 #include <string>
@@ -62,12 +62,16 @@ TEST(ArtifactTimesTest, FastestDegreeAndDistcasGainAsMeasured) {
   for (const Measured& m : runs) {
     const SimResult p = sim_test::SimulateArtifactRun(m.run, in, /*recompute_mlp=*/true, 30);
     ASSERT_GT(p.iteration_s, 0);
-    const double ratio = m.seconds / p.iteration_s;
-    // Measured over predicted was 1.04-1.25 when the data was added
-    // (2026-12-01): the model is optimistic about absolute time. A change
-    // may narrow that band, not widen it past 0.9-1.3.
-    EXPECT_GT(ratio, 0.9) << m.run.mode << " cp " << m.run.cp << " t " << m.run.t;
-    EXPECT_LT(ratio, 1.3) << m.run.mode << " cp " << m.run.cp << " t " << m.run.t;
+    // Absolute time, where the run's mean is over the whole sample (30
+    // batches; the simulator's batches are its own draws of the recipe, so a
+    // mean over a few batches compares poorly): measured over predicted was
+    // 0.96-1.05 (mean 1.00) when the 34B table was set to the kernel's
+    // measured speed (2026-12-01; 1.13-1.25 at the 8B fit's 0.74).
+    if (m.samples >= 30) {
+      const double ratio = m.seconds / p.iteration_s;
+      EXPECT_GT(ratio, 0.92) << m.run.mode << " cp " << m.run.cp << " t " << m.run.t;
+      EXPECT_LT(ratio, 1.08) << m.run.mode << " cp " << m.run.cp << " t " << m.run.t;
+    }
     Group& g = groups[{m.run.nodes, m.run.t, m.run.bs, m.run.mb}];
     if (m.run.mode == "wlbllm") {
       g.wlb[m.run.cp] = {m.seconds, p.iteration_s};
@@ -90,7 +94,8 @@ TEST(ArtifactTimesTest, FastestDegreeAndDistcasGainAsMeasured) {
     EXPECT_EQ(fastest(true), fastest(false)) << "t " << std::get<1>(key);
     ++degree_checks;
     // DistCA over the fastest degree, where DistCA ran the whole sample
-    // (30 batches; one run stopped after 7): measured 1.063 at 256K.
+    // (30 batches; one run stopped after 7): measured 1.063 at 256K,
+    // predicted 1.039.
     if (g.distca != nullptr && g.distca->samples >= 30) {
       const auto& best = g.wlb.at(fastest(false));
       EXPECT_NEAR(best.second / g.distca_predicted, best.first / g.distca->seconds, 0.03) << "t " << std::get<1>(key);
