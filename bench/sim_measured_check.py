@@ -31,43 +31,30 @@ the CP degrees that were measured).
 
 Usage: bench/sim_measured_check.py [--bin build/bin/distca-sim] [--batches N] [--set FIELD=VALUE ...]
 (N: sampled batches per run, default 30; --set changes a field of the
-h200-dgx profile, as distca-sim --hardware-set). Takes about a minute on 2 cores.
+h200-dgx profile, as distca-sim --hardware-set). Takes about a second on 2 cores.
 """
-import argparse
 import csv
 import os
 import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sim_memory_check import run_json  # noqa: E402
-from sim_report import PRETRAIN, ROOT  # noqa: E402 (the Pretrain recipe's flags, the repository root)
+import sim_memory_check as memory_check  # noqa: E402
+from sim_report import ROOT  # noqa: E402 (the repository root)
 
 DATA = os.path.join(ROOT, "bench", "data", "artifact-measured-times.csv")
-STRATEGY = {"wlbllm": "wlb-ideal", "d2": "distca-paper"}
 
 
 def simulate(binary, row, batches, overrides):
-    nodes, bs, mb, t = int(row["nodes"]), int(row["bs"]), int(row["mb"]), int(row["num_tokens"])
-    cmd = [binary, "--json", "--threads", "2", "--no-grad-sync", "--no-optimizer-step", "--recompute-mlp", *PRETRAIN,
-           "--model", "llama-34b", "--gpus", str(8 * nodes), "--tp", "8", "--pp", row["pp"], "--max-doc-len", str(t),
-           "--batch-size", str(2 * bs * mb), "--micro-batches", str(mb), "--elongate", repr(t / 65536), "--batches",
-           str(batches), "--strategies", STRATEGY[row["mode"]]]
-    if row["mode"] == "wlbllm":
-        cmd += ["--cp", row["cp"], "--wlb-artifact-kv"]
-    else:
-        cmd += ["--comm-budget", str(2 << 30)]
-    return run_json(cmd, overrides)
+    """A measured run as sim_memory_check runs a recorded one: tp 8, 48
+    layers, the MLP recomputed, DistCA's 2 GB buffer."""
+    run = dict(row, t=row["num_tokens"], tp="8", layers="48", buffer_gb="2")
+    return memory_check.simulate(binary, run, batches, True, overrides)
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--bin", default=os.path.join(ROOT, "build", "bin", "distca-sim"))
-    ap.add_argument("--batches", type=int, default=30, help="sampled batches per run (default 30)")
-    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                    help="change a field of the hardware profile (distca-sim --hardware-set); repeatable")
-    a = ap.parse_args()
-    rows = [r for r in csv.DictReader(open(DATA)) if r["dataset"] == "wlbllm" and r["mode"] in STRATEGY]
+    a = memory_check.parse_check_args(__doc__, 30, "sampled batches per run (default 30)")
+    rows = [r for r in csv.DictReader(open(DATA)) if r["dataset"] == "wlbllm" and r["mode"] in ("wlbllm", "d2")]
     groups = {}
     print("| config | system | measured s (batches) | predicted s | measured / predicted | predicted fits |")
     print("|---|---|---|---|---|---|")

@@ -50,6 +50,8 @@ DATA = os.path.join(ROOT, "bench", "data", "artifact-memory-outcomes.csv")
 
 
 def simulate(binary, row, batches, recompute_mlp, overrides):
+    """One recorded run (a dict with nodes, bs, mb, t, mode, cp, pp, tp,
+    layers, buffer_gb) through distca-sim; its JSON result."""
     nodes, bs, mb, t = int(row["nodes"]), int(row["bs"]), int(row["mb"]), int(row["t"])
     cmd = [binary, "--json", "--threads", "2", "--no-grad-sync", "--no-optimizer-step", *PRETRAIN,
            "--model", "llama-34b", "--num-layers", row["layers"], "--gpus", str(8 * nodes), "--tp", row["tp"],
@@ -61,27 +63,26 @@ def simulate(binary, row, batches, recompute_mlp, overrides):
         cmd += ["--strategies", "wlb-ideal", "--cp", row["cp"], "--wlb-artifact-kv"]
     else:
         cmd += ["--strategies", "distca-paper", "--comm-budget", str(int(float(row["buffer_gb"]) * 2**30))]
-    return run_json(cmd, overrides)
-
-
-def run_json(cmd, overrides):
-    """Runs a distca-sim --json command with the profile overrides (FIELD=VALUE)
-    and returns its first result; exits with its message if it fails."""
     for spec in overrides:
-        cmd = cmd + ["--hardware-set", spec]
+        cmd += ["--hardware-set", spec]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed:\n{done.stderr}")
     return json.loads(done.stdout.splitlines()[0])
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_check_args(doc, batches_default, batches_help):
+    """The artifact checks' flags: --bin, --batches, --set."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--bin", default=os.path.join(ROOT, "build", "bin", "distca-sim"))
-    ap.add_argument("--batches", type=int, default=0, help="cap on the sampled batches per run (default: none)")
+    ap.add_argument("--batches", type=int, default=batches_default, help=batches_help)
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                     help="change a field of the hardware profile (distca-sim --hardware-set); repeatable")
-    a = ap.parse_args()
+    return ap.parse_args()
+
+
+def main():
+    a = parse_check_args(__doc__, 0, "cap on the sampled batches per run (default: none)")
     rows = list(csv.DictReader(open(DATA)))
     variants = [("wlbllm", "wlb-ideal, MLP recomputed", True), ("d2", "distca-paper, MLP recomputed", True),
                 ("d2", "distca-paper, MLP kept", False)]

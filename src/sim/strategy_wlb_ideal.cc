@@ -15,10 +15,10 @@
 //   the share; kPerMicroBatch forms m groups of about B L / m tokens from
 //   the batch's documents in order and repacks each into d bins of at most
 //   its tokens / d, bin r to replica r.
-// Both packers' workload breakpoint is where a document's attention FLOPs equal its
-//   linear FLOPs, l = linear FLOPs per token / (2 D Hq): 53K tokens for
-//   Llama-3-8B, 84K for Llama-34B (the artifact's scripts set 64000 and
-//   131072 by hand).
+// Both packers' workload breakpoint is SimOptions::wlb_breakpoint if set,
+// else where a document's attention FLOPs equal its linear FLOPs, l =
+// linear FLOPs per token / (2 D Hq): 53K tokens for Llama-3-8B, 84K for
+// Llama-34B (the artifact's scripts set 64000 and 131072 by hand).
 // The memory check (Simulate's CP sweep) sees the largest micro-batch.
 #include "sim/strategy.h"
 

@@ -24,23 +24,17 @@ struct Outcome {
 
 std::vector<Outcome> ReadOutcomes() {
   std::vector<Outcome> out;
-  for (const std::vector<std::string>& f : sim_test::ReadArtifactCsv(
+  for (const sim_test::ArtifactRow& row : sim_test::ReadArtifactCsv(
            "artifact-memory-outcomes.csv",
            "source,result_dir,nodes,bs,mb,t,mode,cp,pp,tp,layers,selective_ckpt,buffer_gb,samples,runs,outcome")) {
     Outcome o;
-    o.run.nodes = std::stoi(f[2]);
-    o.run.bs = std::stoi(f[3]);
-    o.run.mb = std::stoi(f[4]);
-    o.run.t = std::stoll(f[5]);
-    o.run.mode = f[6];
-    o.run.cp = std::stoi(f[7]);
-    o.run.pp = std::stoi(f[8]);
-    o.run.tp = std::stoi(f[9]);
-    o.run.layers = std::stoi(f[10]);
-    o.selective_ckpt = f[11] == "1";
-    o.run.buffer_gb = std::stod(f[12]);
-    o.samples = std::stoi(f[13]);
-    o.outcome = f[15];
+    o.run = sim_test::ParseArtifactRun(row, "t");
+    o.run.tp = std::stoi(row.at("tp"));
+    o.run.layers = std::stoi(row.at("layers"));
+    o.run.buffer_gb = std::stod(row.at("buffer_gb"));
+    o.selective_ckpt = row.at("selective_ckpt") == "1";
+    o.samples = std::stoi(row.at("samples"));
+    o.outcome = row.at("outcome");
     out.push_back(o);
   }
   return out;

@@ -10,7 +10,7 @@
 
 #include <gtest/gtest.h>
 
-#include <algorithm>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -21,13 +21,23 @@
 
 namespace distca::sim_test {
 
-// The rows of bench/data/NAME after its header, which must be `header`,
-// split at commas (the files quote nothing).
-inline std::vector<std::vector<std::string>> ReadArtifactCsv(const std::string& name, const std::string& header) {
+// One row of a bench/data CSV, by column name.
+using ArtifactRow = std::map<std::string, std::string>;
+
+// The rows of bench/data/NAME, whose header must be `header`, split at
+// commas (the files quote nothing).
+inline std::vector<ArtifactRow> ReadArtifactCsv(const std::string& name, const std::string& header) {
   std::string text;
   EXPECT_TRUE(ReadTextFile(std::string(DISTCA_SOURCE_DIR) + "/bench/data/" + name, &text).ok()) << name;
   std::istringstream in(text);
-  std::vector<std::vector<std::string>> rows;
+  const auto split = [](const std::string& line) {
+    std::vector<std::string> f;
+    std::istringstream fields(line);
+    for (std::string x; std::getline(fields, x, ',');) f.push_back(x);
+    return f;
+  };
+  const std::vector<std::string> columns = split(header);
+  std::vector<ArtifactRow> rows;
   std::string line;
   bool first = true;
   while (std::getline(in, line)) {
@@ -37,14 +47,14 @@ inline std::vector<std::vector<std::string>> ReadArtifactCsv(const std::string& 
       first = false;
       continue;
     }
-    std::vector<std::string> f;
-    std::istringstream fields(line);
-    for (std::string x; std::getline(fields, x, ',');) f.push_back(x);
-    if (f.size() != size_t(std::count(header.begin(), header.end(), ',') + 1)) {
+    const std::vector<std::string> f = split(line);
+    if (f.size() != columns.size()) {
       ADD_FAILURE() << name << ": malformed row: " << line;
       continue;
     }
-    rows.push_back(std::move(f));
+    ArtifactRow row;
+    for (size_t i = 0; i < f.size(); ++i) row[columns[i]] = f[i];
+    rows.push_back(std::move(row));
   }
   return rows;
 }
@@ -55,6 +65,21 @@ struct ArtifactRun {
   std::string mode;  // wlbllm or d2
   double buffer_gb = 0;
 };
+
+// The run's shape from the columns both files have (nodes, bs, mb, mode,
+// cp, pp) and its sequence length from `tokens_column`; tp, layers and the
+// buffer keep their defaults.
+inline ArtifactRun ParseArtifactRun(const ArtifactRow& row, const std::string& tokens_column) {
+  ArtifactRun r;
+  r.nodes = std::stoi(row.at("nodes"));
+  r.bs = std::stoi(row.at("bs"));
+  r.mb = std::stoi(row.at("mb"));
+  r.t = std::stoll(row.at(tokens_column));
+  r.mode = row.at("mode");
+  r.cp = std::stoi(row.at("cp"));
+  r.pp = std::stoi(row.at("pp"));
+  return r;
+}
 
 struct ArtifactInputs {
   HardwareProfile hw;

@@ -27,22 +27,17 @@ struct Measured {
 // The Pretrain runs (dataset `wlbllm`) of the two systems the paper compares.
 std::vector<Measured> ReadMeasured() {
   std::vector<Measured> out;
-  for (const std::vector<std::string>& f : sim_test::ReadArtifactCsv(
+  for (const sim_test::ArtifactRow& row : sim_test::ReadArtifactCsv(
            "artifact-measured-times.csv",
            "source,index,model_size,nodes,bs,mb,num_tokens,mode,cp,pp,dataset,num_samples,mean_ms,min_ms,max_ms")) {
-    if (f[10] != "wlbllm" || (f[7] != "wlbllm" && f[7] != "d2")) continue;
-    EXPECT_EQ(f[2], "34b");
+    const std::string& mode = row.at("mode");
+    if (row.at("dataset") != "wlbllm" || (mode != "wlbllm" && mode != "d2")) continue;
+    EXPECT_EQ(row.at("model_size"), "34b");
     Measured m;
-    m.run.nodes = std::stoi(f[3]);
-    m.run.bs = std::stoi(f[4]);
-    m.run.mb = std::stoi(f[5]);
-    m.run.t = std::stoll(f[6]);
-    m.run.mode = f[7];
-    m.run.cp = std::stoi(f[8]);
-    m.run.pp = std::stoi(f[9]);
+    m.run = sim_test::ParseArtifactRun(row, "num_tokens");
     m.run.buffer_gb = 2;  // the sweep's EXPERIMENT_NVSHMEM_BUFFER_SIZE_GB
-    m.samples = std::stoi(f[11]);
-    m.seconds = std::stod(f[12]) / 1000;
+    m.samples = std::stoi(row.at("num_samples"));
+    m.seconds = std::stod(row.at("mean_ms")) / 1000;
     out.push_back(m);
   }
   return out;
