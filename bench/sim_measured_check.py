@@ -25,6 +25,17 @@ EXPERIMENT_SKIP_OPTIMIZER_STEP, the optimizer. Batch i holds the same
 documents in both systems (one seeded stream), so their means compare.
 The test ArtifactTimesTest keeps the agreement below.
 
+A second, earlier set is of Llama-3-8B's shape (DeepSeek-R1-Distill-Llama-8B
+cut to 4 layers) on 8 nodes at tp 8, August 2025
+(benchmarks/_250809_e2e_benchmark/data/0827.d2_vs_wlb.256k/*.json): 20
+batches of four 256K-token sequences (the documents as listed in
+bench/data/artifact-8b-256k-batches.json), each timed by the WLB baseline at
+DP x CP 8x1, 4x2, 2x4 and 1x8 and by DistCA (bench/data/
+artifact-8b-256k-times.csv, milliseconds). That benchmark timed forward,
+backward and the optimizer step with no gradient reduction, the MLP kept,
+and re-balanced the documents over data-parallel replicas as wlb-ideal does;
+the check runs the listed batches (--docs-file) with --no-grad-sync.
+
 Prints each run's measured and predicted seconds, and per configuration the
 speedup of DistCA over the fastest WLB degree, measured and predicted (over
 the CP degrees that were measured).
@@ -43,6 +54,8 @@ import sim_memory_check as memory_check  # noqa: E402
 from sim_report import ROOT  # noqa: E402 (the repository root)
 
 DATA = os.path.join(ROOT, "bench", "data", "artifact-measured-times.csv")
+BATCHES_8B = os.path.join(ROOT, "bench", "data", "artifact-8b-256k-batches.json")
+TIMES_8B = os.path.join(ROOT, "bench", "data", "artifact-8b-256k-times.csv")
 
 
 def simulate(binary, row, batches, overrides):
@@ -87,6 +100,36 @@ def main():
         batches = f"{d[2]} batches" if d[2] == wlb[best_m][2] else f"DistCA over {d[2]} batches, WLB {wlb[best_m][2]}"
         print(f"| {nodes} nodes, {t // 1024}K, {2 * bs * mb} chunks | {best_m} | {wlb[best_m][0] / d[0]:.3f} "
               f"({batches}) | {best_p} | {wlb[best_p][1] / d[1]:.3f} |")
+    check_8b(a.bin, a.set)
+
+
+def check_8b(binary, overrides):
+    """The Llama-3-8B runs: mean measured and predicted seconds per system
+    over the 20 listed batches, and DistCA over the fastest WLB degree."""
+    rows = list(csv.DictReader(open(TIMES_8B)))
+    measured = {k[:-3]: statistics.mean(float(r[k]) for r in rows) / 1000 for k in rows[0] if k.endswith("_ms")}
+    predicted = {}
+    for cp in (1, 2, 4, 8):
+        cmd = [binary, "--model", "llama3-8b", "--num-layers", "4", "--gpus", "64", "--tp", "8", "--cp", str(cp),
+               "--docs-file", BATCHES_8B, "--no-grad-sync", "--json",
+               "--strategies", "wlb-ideal" + (",distca-paper" if cp == 1 else "")]
+        for spec in overrides:
+            cmd += ["--hardware-set", spec]
+        for r in memory_check.run_json(cmd):
+            predicted["d2" if r["strategy"] == "distca-paper" else f"wlbllm_cp{cp}"] = r["iteration_s"]
+    print(f"\nLlama-3-8B shape, 4 layers, 8 nodes, tp 8, {len(rows)} batches of 4 x 256K tokens (August 2025):\n")
+    print("| system | measured s | predicted s | measured / predicted |")
+    print("|---|---|---|---|")
+    def name(k):
+        return "DistCA" if k == "d2" else f"WLB dp {8 // int(k[9:])} cp {k[9:]}"
+
+    for k, m in measured.items():
+        print(f"| {name(k)} | {m:.3f} | {predicted[k]:.3f} | {m / predicted[k]:.3f} |")
+    wlb = [k for k in measured if k != "d2"]
+    best_m = min(wlb, key=measured.get)
+    best_p = min(wlb, key=predicted.get)
+    print(f"\nfastest WLB: measured {name(best_m)}, predicted {name(best_p)}; DistCA over it: measured "
+          f"{measured[best_m] / measured['d2']:.3f}, predicted {predicted[best_p] / predicted['d2']:.3f}")
 
 
 if __name__ == "__main__":

@@ -65,10 +65,16 @@ def simulate(binary, row, batches, recompute_mlp, overrides):
         cmd += ["--strategies", "distca-paper", "--comm-budget", str(int(float(row["buffer_gb"]) * 2**30))]
     for spec in overrides:
         cmd += ["--hardware-set", spec]
+    return run_json(cmd)[0]
+
+
+def run_json(cmd):
+    """A distca-sim --json command's results, one dict per line; exits with
+    its error if it fails."""
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed:\n{done.stderr}")
-    return json.loads(done.stdout.splitlines()[0])
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
 
 def parse_check_args(doc, batches_default, batches_help):
