@@ -36,6 +36,15 @@ backward and the optimizer step with no gradient reduction, the MLP kept,
 and re-balanced the documents over data-parallel replicas as wlb-ideal does;
 the check runs the listed batches (--docs-file) with --no-grad-sync.
 
+The earliest set (August 9-13, 2025, same folder's data/ and analysis/;
+bench/data/artifact-8b-dp-runs.csv) has the same model at 2, 4 or 8 layers
+on 2 or 4 nodes at tp 8 with no CP: each of DP ranks r runs sequences r and
+r + DP as given, the baseline with its own documents' attention (megatron
+at CP 1 here), DistCA rebalancing core attention over the ranks in two
+ping-pong halves. The layer counts of its first three sets are inferred
+(their durations match stored runs that record them), so this set is
+printed, not tested.
+
 Prints each run's measured and predicted seconds, and per configuration the
 speedup of DistCA over the fastest WLB degree, measured and predicted (over
 the CP degrees that were measured).
@@ -45,9 +54,11 @@ Usage: bench/sim_measured_check.py [--bin build/bin/distca-sim] [--batches N] [-
 h200-dgx profile, as distca-sim --hardware-set). Takes about a second on 2 cores.
 """
 import csv
+import json
 import os
 import statistics
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sim_memory_check as memory_check  # noqa: E402
@@ -56,6 +67,7 @@ from sim_report import ROOT  # noqa: E402 (the repository root)
 DATA = os.path.join(ROOT, "bench", "data", "artifact-measured-times.csv")
 BATCHES_8B = os.path.join(ROOT, "bench", "data", "artifact-8b-256k-batches.json")
 TIMES_8B = os.path.join(ROOT, "bench", "data", "artifact-8b-256k-times.csv")
+DP_RUNS_8B = os.path.join(ROOT, "bench", "data", "artifact-8b-dp-runs.csv")
 
 
 def simulate(binary, row, batches, overrides):
@@ -101,6 +113,7 @@ def main():
         print(f"| {nodes} nodes, {t // 1024}K, {2 * bs * mb} chunks | {best_m} | {wlb[best_m][0] / d[0]:.3f} "
               f"({batches}) | {best_p} | {wlb[best_p][1] / d[1]:.3f} |")
     check_8b(a.bin, a.set)
+    check_8b_dp(a.bin, a.set)
 
 
 def check_8b(binary, overrides):
@@ -130,6 +143,39 @@ def check_8b(binary, overrides):
     best_p = min(wlb, key=predicted.get)
     print(f"\nfastest WLB: measured {name(best_m)}, predicted {name(best_p)}; DistCA over it: measured "
           f"{measured[best_m] / measured['d2']:.3f}, predicted {predicted[best_p] / predicted['d2']:.3f}")
+
+
+def check_8b_dp(binary, overrides):
+    """The earliest Llama-3-8B runs, plain data parallelism against DistCA:
+    per set, the mean measured and predicted seconds of both."""
+    sets = {}
+    for r in csv.DictReader(open(DP_RUNS_8B)):
+        sets.setdefault(r["set"], []).append(r)
+    print("\nLlama-3-8B shape, plain data parallelism, tp 8 (August 2025):\n")
+    print("| set | layers | GPUs | batches | baseline measured / predicted s | ratio | DistCA measured / predicted s "
+          "| ratio | DistCA's gain, measured / predicted |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, rows in sets.items():
+            dp = int(rows[0]["dp"])
+            batches = []
+            for r in rows:  # rank k holds sequences k and k + DP, in that order
+                seqs = json.loads(r["lists"])
+                batches.append([n for k in range(dp) for n in seqs[k] + seqs[k + dp]])
+            docs = os.path.join(tmp, "batches.json")
+            with open(docs, "w") as f:
+                json.dump({"batches": batches}, f)
+            cmd = [binary, "--model", "llama3-8b", "--num-layers", rows[0]["layers"], "--gpus", str(8 * dp), "--tp",
+                   "8", "--cp", "1", "--docs-file", docs, "--no-grad-sync", "--json", "--strategies",
+                   "megatron,distca-paper"]
+            for spec in overrides:
+                cmd += ["--hardware-set", spec]
+            p = {r["strategy"]: r["iteration_s"] for r in memory_check.run_json(cmd)}
+            mb = statistics.mean(float(r["baseline_ms"]) for r in rows) / 1000
+            md = statistics.mean(float(r["d2_ms"]) for r in rows) / 1000
+            pb, pd = p["megatron"], p["distca-paper"]
+            print(f"| {name} | {rows[0]['layers']} | {8 * dp} | {len(rows)} | {mb:.3f} / {pb:.3f} | {mb / pb:.3f} | "
+                  f"{md:.3f} / {pd:.3f} | {md / pd:.3f} | {mb / md:.3f} / {pb / pd:.3f} |")
 
 
 if __name__ == "__main__":
