@@ -126,15 +126,15 @@ def check_8b(binary, overrides):
         cmd = [binary, "--model", "llama3-8b", "--num-layers", "4", "--gpus", "64", "--tp", "8", "--cp", str(cp),
                "--docs-file", BATCHES_8B, "--no-grad-sync", "--json",
                "--strategies", "wlb-ideal" + (",distca-paper" if cp == 1 else "")]
-        for spec in overrides:
-            cmd += ["--hardware-set", spec]
-        for r in memory_check.run_json(cmd):
+        for r in memory_check.run_json(cmd, overrides):
             predicted["d2" if r["strategy"] == "distca-paper" else f"wlbllm_cp{cp}"] = r["iteration_s"]
     print(f"\nLlama-3-8B shape, 4 layers, 8 nodes, tp 8, {len(rows)} batches of 4 x 256K tokens (August 2025):\n")
     print("| system | measured s | predicted s | measured / predicted |")
     print("|---|---|---|---|")
-    def name(k):
-        return "DistCA" if k == "d2" else f"WLB dp {8 // int(k[9:])} cp {k[9:]}"
+
+    def name(k):  # "d2" or "wlbllm_cpC", the times file's columns
+        cp = int(k.removeprefix("wlbllm_cp")) if k != "d2" else 0
+        return f"WLB dp {8 // cp} cp {cp}" if cp else "DistCA"
 
     for k, m in measured.items():
         print(f"| {name(k)} | {m:.3f} | {predicted[k]:.3f} | {m / predicted[k]:.3f} |")
@@ -168,9 +168,7 @@ def check_8b_dp(binary, overrides):
             cmd = [binary, "--model", "llama3-8b", "--num-layers", rows[0]["layers"], "--gpus", str(8 * dp), "--tp",
                    "8", "--cp", "1", "--docs-file", docs, "--no-grad-sync", "--json", "--strategies",
                    "megatron,distca-paper"]
-            for spec in overrides:
-                cmd += ["--hardware-set", spec]
-            p = {r["strategy"]: r["iteration_s"] for r in memory_check.run_json(cmd)}
+            p = {r["strategy"]: r["iteration_s"] for r in memory_check.run_json(cmd, overrides)}
             mb = statistics.mean(float(r["baseline_ms"]) for r in rows) / 1000
             md = statistics.mean(float(r["d2_ms"]) for r in rows) / 1000
             pb, pd = p["megatron"], p["distca-paper"]

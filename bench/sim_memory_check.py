@@ -63,14 +63,15 @@ def simulate(binary, row, batches, recompute_mlp, overrides):
         cmd += ["--strategies", "wlb-ideal", "--cp", row["cp"], "--wlb-artifact-kv"]
     else:
         cmd += ["--strategies", "distca-paper", "--comm-budget", str(int(float(row["buffer_gb"]) * 2**30))]
+    return run_json(cmd, overrides)[0]
+
+
+def run_json(cmd, overrides):
+    """A distca-sim --json command's results, one dict per line, with each
+    FIELD=VALUE of `overrides` as --hardware-set; exits with its error if it
+    fails."""
     for spec in overrides:
-        cmd += ["--hardware-set", spec]
-    return run_json(cmd)[0]
-
-
-def run_json(cmd):
-    """A distca-sim --json command's results, one dict per line; exits with
-    its error if it fails."""
+        cmd = cmd + ["--hardware-set", spec]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed:\n{done.stderr}")
