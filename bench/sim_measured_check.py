@@ -128,7 +128,7 @@ def predicted_8b(binary, overrides):
     predicted = {}
     for cp in (1, 2, 4, 8):
         cmd = [binary, "--model", "llama3-8b", "--num-layers", "4", "--gpus", "64", "--tp", "8", "--cp", str(cp),
-               "--docs-file", BATCHES_8B, "--no-grad-sync", "--json",
+               "--docs-file", BATCHES_8B, "--micro-batches", "1", "--no-grad-sync", "--json",
                "--strategies", "wlb-ideal" + (",distca-paper" if cp == 1 else "")]
         for r in memory_check.run_json(cmd, overrides):
             predicted["d2" if r["strategy"] == "distca-paper" else f"wlbllm_cp{cp}"] = r["iteration_per_batch_s"]
