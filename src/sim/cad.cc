@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "sim/strategy.h"
@@ -133,12 +134,14 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
 
   BatchOutcome o;
   o.busy_s.assign(total_ranks, 0.0);
-  std::vector<double> held_max(total_ranks, 0.0), buffer_max(total_ranks, 0.0), kept_max(total_ranks, 0.0),
-      alive_max(total_ranks, 0.0);
+  std::vector<double> held_max(total_ranks, 0.0), buffer_max(total_ranks, 0.0), alive_max(total_ranks, 0.0);
   // Without the resend, a server keeps the Q, K/V and O of every row it
   // serves (copies out of its receive buffer, its own rows included) until
   // the layer's backward, and owners drop their Q, K and V after the
-  // dispatch (the artifact's layout_mlp_to_attn).
+  // dispatch (the artifact's layout_mlp_to_attn): per rank the largest net
+  // of the two over the ticks, negative where it serves fewer rows than it
+  // holds.
+  std::vector<double> kept_max(total_ranks, std::numeric_limits<double>::lowest());
   const bool servers_keep = base.model.wire == PlanWire::kDistcaArtifactNoResend;
   // With DistCA's loop, the buffer as allocated (own rows included),
   // enlarged where no tolerance fitted, in this batch or (carry) one before it.
@@ -485,7 +488,10 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
         for (const NanoCost& c : costs)
           kept += c.exchange_received[kDispatch][r] + c.exchange_local[kDispatch][r] + c.exchange_sent[kReturn][r] +
                   c.exchange_local[kReturn][r];
-        kept_max[r] = std::max(kept_max[r], kept);
+        // Less the owner's Q, K and V of this tick's tokens, which the
+        // activations count: the largest difference over ticks (a rank's
+        // tokens vary between waves unless they are whole chunks).
+        kept_max[r] = std::max(kept_max[r], kept - (k.HiddenBytesPerToken() + k.KvBytesPerToken()) * tick_tokens[r]);
       }
     }
   }
@@ -514,12 +520,10 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
                              ? kDistcaArtifactBufferCopies * std::max(double(opt.comm_budget) * opt.tp, buffer_need)
                          : variant.artifact_buffer ? buffer_max[r]
                                                    : alive_max[r];
-      // Kept per layer, for every layer of the micro-batches in flight (as
-      // activations; the LSE, a few percent of O, is left out), less the
-      // owner's Q, K and V, which the activations count.
-      if (servers_keep)
-        mem.server_bytes = (kept_max[r] - (k.HiddenBytesPerToken() + k.KvBytesPerToken()) * held_max[r]) *
-                           ctx.CadInFlight(m, s) * ctx.stage_layers;
+      // Kept per layer (less the owner's Q, K and V, above), for every layer
+      // of the micro-batches in flight (as activations; the LSE, a few
+      // percent of O, is left out).
+      if (servers_keep) mem.server_bytes = kept_max[r] * ctx.CadInFlight(m, s) * ctx.stage_layers;
       o.memory_bytes[r] = DeviceMemoryBytes(k, mem);
       o.buffer_bytes[r] = mem.buffer_bytes / opt.tp;
       o.max_buffer_bytes = std::max(o.max_buffer_bytes, buffer_max[r] / opt.tp);

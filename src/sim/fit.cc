@@ -33,11 +33,11 @@ Status ColocatedSeconds(const SimOptions& options, const std::vector<int64_t>& b
 
 Status ShapeFromBatches(const std::vector<std::vector<int64_t>>& batches, SimOptions* o) {
   if (o == nullptr) return Status::InvalidArgument("options is null");
-  if (o->tp <= 0 || o->pp <= 0 || o->gpus <= 0 || o->gpus % (o->tp * o->pp) != 0)
+  if (o->tp <= 0 || o->pp <= 0 || o->gpus <= 0 || o->gpus % (int64_t{o->tp} * o->pp) != 0)
     return Status::InvalidArgument(
         fmt::format("gpus ({}) must be a positive multiple of tp x pp ({} x {})", o->gpus, o->tp, o->pp));
   if (batches.empty()) return Status::InvalidArgument("no batches");
-  const int ranks = o->gpus / (o->tp * o->pp);
+  const int ranks = static_cast<int>(o->gpus / (int64_t{o->tp} * o->pp));
   int64_t total = -1;
   for (size_t b = 0; b < batches.size(); ++b) {
     int64_t t = 0;

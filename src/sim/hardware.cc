@@ -353,6 +353,10 @@ Status LoadHardwareProfile(const std::string& path, HardwareProfile* profile,
   DISTCA_RETURN_IF_ERROR(
       ProfileFromJson(j, &p).WithContext(overrides.empty() ? path : fmt::format("{} with {}", path, changed)));
   if (!overrides.empty()) p.name += fmt::format(" ({})", changed);
+  // The name labels CSV rows and chart titles: one line, control characters
+  // (a newline in a file's name or an override's value) as spaces.
+  for (char& c : p.name)
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';
   for (size_t i = 0; i < p.attention_tables.size(); ++i) {
     AttentionTable& t = p.attention_tables[i];
     const std::string where = fmt::format("{}: attention_tables[{}]", path, i);

@@ -390,6 +390,11 @@ TEST(HardwareProfileTest, OverridesChangeFieldsBeforeTheChecks) {
   EXPECT_EQ(p.name,
             "test (network.inter_node.bandwidth=2.5e9, attention_efficiency.1.0=2048, attention_backward_factor=4, "
             "network.inter_node.bandwidth=5e9)");
+  // JSON allows white space, a newline included, in a value: the name that
+  // labels CSV rows and chart titles stays on one line.
+  ASSERT_TRUE(LoadHardwareProfile(path, &p, {"linear_mfu=\n0.4"}).ok());
+  EXPECT_DOUBLE_EQ(p.linear_mfu, 0.4);
+  EXPECT_EQ(p.name, "test (linear_mfu= 0.4)");
   ASSERT_TRUE(LoadHardwareProfile(path, &p).ok());  // none: the file as it is
   EXPECT_EQ(p.name, "test");
   EXPECT_DOUBLE_EQ(p.inter_node.bandwidth, 10e9);
