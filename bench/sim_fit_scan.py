@@ -17,7 +17,6 @@ e.g. bench/sim_fit_scan.py network.inter_node.bandwidth=30e9,40e9,50e9 linear_mf
 (FIELD as distca-sim --hardware-set). About half a second per combination.
 """
 import argparse
-import csv
 import itertools
 import math
 import os
@@ -33,9 +32,15 @@ def rms(values):
     return math.sqrt(sum(v * v for v in values) / len(values))
 
 
-def gain(wlb, distca):
-    """DistCA over the fastest WLB degree, from {degree: seconds} and seconds."""
-    return min(wlb.values()) / distca
+def gain(times):
+    """DistCA over the fastest WLB degree, from {system: seconds} with DistCA
+    under "d2" and the WLB degrees under any other key."""
+    return min(t for k, t in times.items() if k != "d2") / times["d2"]
+
+
+def cell_key(row):
+    """A 34B run's system within its configuration: "d2" or its CP degree."""
+    return "d2" if row["mode"] == "d2" else row["cp"]
 
 
 def main():
@@ -50,37 +55,29 @@ def main():
             sys.exit(f"sim_fit_scan: '{spec}' is not FIELD=V1,V2,...")
         axes.append([f"{field}={v}" for v in values.split(",")])
 
-    runs = [r for r in csv.DictReader(open(measured_check.DATA))
-            if r["dataset"] == "wlbllm" and r["mode"] in ("wlbllm", "d2") and int(r["num_samples"]) >= 30]
-    cell = ("32", "262144", "4", "1")  # nodes, tokens, bs, mb: 34B 256K, 8 chunks
+    runs = [r for r in measured_check.runs_34b() if int(r["num_samples"]) >= 30]
+    # The configuration where both systems ran a whole sample: 34B 256K, 8 chunks.
+    in_cell = [(r["nodes"], r["num_tokens"], r["bs"], r["mb"]) == ("32", "262144", "4", "1") for r in runs]
     measured_8b = measured_check.measured_8b()
-    mean_8b = {k: statistics.mean(v) for k, v in measured_8b.items()}
-    m34 = {r["cp"]: float(r["mean_ms"]) / 1000 for r in runs
-           if (r["nodes"], r["num_tokens"], r["bs"], r["mb"]) == cell and r["mode"] == "wlbllm"}
-    d34 = next(float(r["mean_ms"]) / 1000 for r in runs
-               if (r["nodes"], r["num_tokens"], r["bs"], r["mb"]) == cell and r["mode"] == "d2")
-    gains_measured = (gain(m34, d34), gain({k: v for k, v in mean_8b.items() if k != "d2"}, mean_8b["d2"]))
-    print(f"DistCA over the fastest WLB, measured: 34B 256K {gains_measured[0]:.3f}, 8B {gains_measured[1]:.3f}\n")
+    m34 = {cell_key(r): float(r["mean_ms"]) / 1000 for r, c in zip(runs, in_cell) if c}
+    m8 = {k: statistics.mean(v) for k, v in measured_8b.items()}
+    print(f"DistCA over the fastest WLB, measured: 34B 256K {gain(m34):.3f}, 8B {gain(m8):.3f}\n")
     print("| setting | rms 34B (11 runs) | rms 8B (100 batches) | rms, both | mean log, both | "
           "gain 34B 256K | gain 8B |")
     print("|---|---|---|---|---|---|---|")
     for overrides in itertools.product(*axes):
-        logs34, p34, pd34 = [], {}, None
-        for r in runs:
+        logs34, p34 = [], {}
+        for r, c in zip(runs, in_cell):
             predicted = measured_check.simulate(a.bin, r, 30, list(overrides))["iteration_s"]
             logs34.append(math.log(float(r["mean_ms"]) / 1000 / predicted))
-            if (r["nodes"], r["num_tokens"], r["bs"], r["mb"]) == cell:
-                if r["mode"] == "d2":
-                    pd34 = predicted
-                else:
-                    p34[r["cp"]] = predicted
+            if c:
+                p34[cell_key(r)] = predicted
         predicted_8b = measured_check.predicted_8b(a.bin, list(overrides))
         logs8 = [math.log(m / p) for k in measured_8b for m, p in zip(measured_8b[k], predicted_8b[k])]
         p8 = {k: statistics.mean(v) for k, v in predicted_8b.items()}
         both = logs34 + logs8
         print(f"| {' '.join(overrides)} | {rms(logs34):.4f} | {rms(logs8):.4f} | {rms(both):.4f} | "
-              f"{statistics.mean(both):+.4f} | {gain(p34, pd34):.3f} | "
-              f"{gain({k: v for k, v in p8.items() if k != 'd2'}, p8['d2']):.3f} |", flush=True)
+              f"{statistics.mean(both):+.4f} | {gain(p34):.3f} | {gain(p8):.3f} |", flush=True)
 
 
 if __name__ == "__main__":

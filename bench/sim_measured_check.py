@@ -77,9 +77,15 @@ def simulate(binary, row, batches, overrides):
     return memory_check.simulate(binary, run, batches, True, overrides)
 
 
+def runs_34b():
+    """The 34B runs the check compares: the Pretrain sample's (`wlbllm`)
+    runs of the WLB baseline and of DistCA, as rows of the measured table."""
+    return [r for r in csv.DictReader(open(DATA)) if r["dataset"] == "wlbllm" and r["mode"] in ("wlbllm", "d2")]
+
+
 def main():
     a = memory_check.parse_check_args(__doc__, 30, "sampled batches per run (default 30)")
-    rows = [r for r in csv.DictReader(open(DATA)) if r["dataset"] == "wlbllm" and r["mode"] in ("wlbllm", "d2")]
+    rows = runs_34b()
     groups = {}
     print("| config | system | measured s (batches) | predicted s | measured / predicted | predicted fits |")
     print("|---|---|---|---|---|---|")

@@ -375,17 +375,7 @@ int Run(int argc, char** argv) {
       ->check(pos);
   app.add_option("--filter-ratio", a.recipe.filter_ratio,
                  "share of short documents kept, in (0, 1] (Default: 1; grid: 0.5)")
-      ->check(CLI::Validator(
-          [](std::string& s) -> std::string {
-            double v = 0;
-            try {
-              v = std::stod(s);
-            } catch (...) {
-              return "must be a number in (0, 1], got '" + s + "'";
-            }
-            return v > 0 && v <= 1 ? "" : "must be in (0, 1], got " + s;
-          },
-          "", "in (0, 1]"));
+      ->check(distca::cli::kShare);
   app.add_option("--elongate", a.recipe.elongate, "length multiplier (Default: 1; grid: L / 64K)")->check(pos);
   app.add_option("--seed", a.recipe.seed, "sampling seed (Default: 0)");
   app.add_option("--packing", a.packing,

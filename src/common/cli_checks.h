@@ -48,6 +48,18 @@ inline const CLI::Validator kNonNegative(
     },
     "NON-NEGATIVE");
 
+// Accepts a share: numbers in (0, 1].
+inline const CLI::Validator kShare(
+    [](std::string& s) -> std::string {
+      try {
+        const double v = std::stod(s);
+        return v > 0 && v <= 1 ? "" : "must be in (0, 1], got " + s;
+      } catch (...) {
+        return "must be a number in (0, 1], got '" + s + "'";
+      }
+    },
+    "SHARE");
+
 // Numbers as a person writes them in decimal: CLI11 would otherwise read
 // "010" as octal 8, "0x10" as hex, saturate an integer past its type's range,
 // and let "inf" or "nan" through. Integer options take optional '-' and
