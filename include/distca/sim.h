@@ -112,8 +112,10 @@ Status LoadHardwareProfile(const std::string& path, HardwareProfile* profile,
                            const std::vector<std::string>& overrides = {});
 // A loaded table: its csv (and, when it names a forward_file or has a
 // forward_csv, that one too) read and valid, the forward table on the
-// table's grid and below it at every point.
-Status ValidateAttentionTable(const AttentionTable& table);
+// table's grid and below it at every point. With peak_flops > 0, also no
+// faster than the device can be: no grid point's seconds (times the table's
+// scale) below its task's forward FLOPs at peak_flops.
+Status ValidateAttentionTable(const AttentionTable& table, double peak_flops = 0);
 // The profile as ParseHardwareProfile reads it (tables by file name; their
 // csv is not written).
 std::string HardwareProfileJson(const HardwareProfile& profile);
@@ -302,11 +304,19 @@ inline constexpr int kMaxSimGpus = 8192;
 // nothing more; 1e6 leaves room for the budget search's raises and keeps the
 // mean over a run's plans finite.
 inline constexpr double kMaxSimTolerance = 1e6;
-// Micro-batches per data-parallel replica, given (--micro-batches) or one per
-// chunk: each costs memory and a pipeline tick per batch (2^24: 8 s and 1.3 GB
-// for one batch of one stage; 5x that ran out of memory). Real schedules run
-// tens to hundreds.
+// Micro-batches of one iteration over all replicas (given per replica,
+// --micro-batches m, up to m G at CP 1; or one per chunk, B): each costs
+// memory and a pipeline tick per batch (2^24: 8 s and 1.3 GB for one batch of
+// one stage; 5x that ran out of memory). Real schedules run tens to hundreds
+// per replica.
 inline constexpr int64_t kMaxSimMicroBatches = int64_t{1} << 24;
+// Documents in one batch: every strategy packs, lays out and plans each of
+// them (2^26 one-token documents took minutes and GBs on 256 ranks). The
+// paper's batches hold thousands.
+inline constexpr int64_t kMaxSimBatchDocuments = int64_t{1} << 22;
+// The most memory a profile may give a device, in bytes, and so the largest
+// CAD buffer per device (--comm-budget).
+inline constexpr int64_t kMaxDeviceMemoryBytes = 1'000'000'000'000'000;
 
 Status ValidateSimOptions(const SimOptions& options);
 

@@ -40,13 +40,17 @@ Status ParseJsonText(std::string_view text, const std::string& what, nlohmann::j
   } catch (const Refused& r) {
     return invalid(r.why);
   } catch (const nlohmann::json::exception& e) {
-    // "[json.exception.parse_error.101] parse error at line 1, column 7: ...": keep what follows the tag.
-    std::string why = e.what();
-    if (const size_t tag_end = why.find("] "); why.rfind("[json.exception.", 0) == 0 && tag_end != std::string::npos)
-      why = why.substr(tag_end + 2);
-    return invalid(why);
+    return invalid(JsonExceptionWhy(e));
   }
   return Status::Ok();
+}
+
+std::string JsonExceptionWhy(const nlohmann::json::exception& e) {
+  // "[json.exception.parse_error.101] parse error at line 1, column 7: ...": keep what follows the tag.
+  std::string why = e.what();
+  if (const size_t tag_end = why.find("] "); why.rfind("[json.exception.", 0) == 0 && tag_end != std::string::npos)
+    why = why.substr(tag_end + 2);
+  return why;
 }
 
 }  // namespace distca

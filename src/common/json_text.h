@@ -20,4 +20,8 @@ inline constexpr int kMaxJsonDepth = 64;
 // naming the line and column of a syntax error.
 Status ParseJsonText(std::string_view text, const std::string& what, nlohmann::json* out);
 
+// The parser's message without its "[json.exception.parse_error.101] " tag:
+// "parse error at line 1, column 7: ...".
+std::string JsonExceptionWhy(const nlohmann::json::exception& e);
+
 }  // namespace distca

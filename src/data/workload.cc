@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <new>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
@@ -16,49 +17,154 @@
 namespace distca {
 namespace {
 
-Status ParseLengthArray(const nlohmann::json& arr, const std::string& where, std::vector<int64_t>* out) {
-  if (!arr.is_array()) return Status::InvalidArgument(where + " must be an array of document lengths");
-  out->clear();
-  out->reserve(arr.size());
-  for (size_t i = 0; i < arr.size(); ++i) {
-    const nlohmann::json& v = arr[i];
-    if (!v.is_number_integer())
-      return Status::InvalidArgument(fmt::format("{}[{}] is not an integer length", where, i));
-    if (v.is_number_unsigned() ? v.get<uint64_t>() > uint64_t{kMaxDocumentLength}
-                               : v.get<int64_t>() > kMaxDocumentLength)
-      return Status::InvalidArgument(
-          fmt::format("{}[{}] = {} is longer than the supported {} tokens", where, i, v.dump(), kMaxDocumentLength));
-    const int64_t len = v.get<int64_t>();
-    if (len <= 0) return Status::InvalidArgument(fmt::format("{}[{}] = {}: lengths must be positive", where, i, len));
-    out->push_back(len);
+// Reads the two formats of document lengths event by event (nlohmann's SAX
+// interface) into `out`: a lengths file, [len, ...], as one list; a docs
+// file, {"batches": [[len, ...], ...]}, as one list per batch. No document
+// tree is built (a tree of a file near the input size limit would take tens
+// of GB, and a failed allocation inside the tree's destructor ends the
+// process): the lengths cost their 8 bytes each, at most
+// kMaxSampledDocuments of them, and reading stops at the first problem.
+class LengthsReader {
+ public:
+  enum class Shape { kLengths, kBatches };
+  using Json = nlohmann::json;
+
+  LengthsReader(Shape shape, std::vector<std::vector<int64_t>>* out) : shape_(shape), out_(out) { out_->clear(); }
+
+  Status Read(std::string_view text) {
+    const std::string what = shape_ == Shape::kLengths ? "lengths file" : "docs file";
+    if (const size_t nul = text.find('\0'); nul != std::string_view::npos)
+      return Status::InvalidArgument(fmt::format("{} is not valid JSON: a NUL byte at offset {}", what, nul));
+    try {
+      if (!Json::sax_parse(text.begin(), text.end(), this) && error_.ok())
+        error_ = Status::Internal(what + ": the JSON reader stopped without a reason");
+    } catch (const std::bad_alloc&) {
+      out_->clear();
+      return Status::OutOfRange(fmt::format("{}: out of memory after {} lengths", what, values_));
+    }
+    if (error_.ok() && !done_) error_ = Status::Internal(what + ": the JSON reader ended inside the value");
+    if (!error_.ok()) out_->clear();
+    return error_;
   }
-  if (out->empty()) return Status::InvalidArgument(where + " is empty");
-  return Status::Ok();
-}
+
+  // SAX events. Every one returns false, with error_ set, to stop.
+  bool null() { return NotALength(); }
+  bool boolean(bool) { return NotALength(); }
+  bool number_float(double, const std::string&) { return NotALength(); }
+  bool string(std::string&) { return NotALength(); }
+  bool binary(Json::binary_t&) { return NotALength(); }
+  bool number_integer(int64_t v) { return Length(v > kMaxDocumentLength, v, std::to_string(v)); }
+  bool number_unsigned(uint64_t v) {
+    return Length(v > uint64_t{kMaxDocumentLength}, int64_t(std::min<uint64_t>(v, uint64_t{kMaxDocumentLength})),
+                  std::to_string(v));
+  }
+  bool start_object(size_t) {
+    if (shape_ == Shape::kBatches && depth_ == 0) {
+      depth_ = 1;
+      return true;
+    }
+    return NotALength();
+  }
+  bool key(std::string& k) {
+    // Only the docs file has an object, at depth 1.
+    if (k != "batches") return Fail(fmt::format("docs file: unknown key \"{}\" (it holds \"batches\" only)", k));
+    if (seen_batches_) return Fail("docs file is not valid JSON: key \"batches\" appears twice in one object");
+    seen_batches_ = true;
+    return true;
+  }
+  bool end_object() {
+    if (!seen_batches_) return Fail("docs file must be an object with a \"batches\" array");
+    depth_ = 0;
+    done_ = true;
+    return true;
+  }
+  bool start_array(size_t) {
+    if (depth_ == ListDepth() - 1 && (shape_ == Shape::kLengths || depth_ == 2)) {
+      out_->emplace_back();
+      depth_ = ListDepth();
+      return true;
+    }
+    if (shape_ == Shape::kBatches && depth_ == 1) {
+      depth_ = 2;
+      return true;
+    }
+    return NotALength();
+  }
+  bool end_array() {
+    if (depth_ == ListDepth()) {
+      if (out_->back().empty()) return Fail(ListName() + " is empty");
+      depth_ -= 1;
+      done_ = shape_ == Shape::kLengths;
+      return true;
+    }
+    // The docs file's "batches" array.
+    if (out_->empty()) return Fail("\"batches\" must be a non-empty array");
+    depth_ = 1;
+    return true;
+  }
+  bool parse_error(size_t, const std::string&, const nlohmann::detail::exception& e) {
+    return Fail(fmt::format("{} is not valid JSON: {}", shape_ == Shape::kLengths ? "lengths file" : "docs file",
+                            JsonExceptionWhy(e)));
+  }
+
+ private:
+  // Depth of the arrays that hold lengths: the lengths file's one, a docs
+  // file's batches (object 1, "batches" 2, a batch 3).
+  int ListDepth() const { return shape_ == Shape::kLengths ? 1 : 3; }
+  // The current list's name in messages: "lengths" or "batches[i]".
+  std::string ListName() const {
+    return shape_ == Shape::kLengths ? "lengths" : fmt::format("batches[{}]", out_->size() - 1);
+  }
+  bool Fail(std::string why) {
+    error_ = Status::InvalidArgument(std::move(why));
+    return false;
+  }
+  // A value other than a length: named by where it stands.
+  bool NotALength() {
+    if (depth_ == ListDepth())
+      return Fail(fmt::format("{}[{}] is not an integer length", ListName(), out_->back().size()));
+    if (shape_ == Shape::kLengths) return Fail("lengths must be an array of document lengths");
+    if (depth_ == 0) return Fail("docs file must be an object with a \"batches\" array");
+    if (depth_ == 1) return Fail("\"batches\" must be a non-empty array");
+    return Fail(fmt::format("batches[{}] must be an array of document lengths", out_->size()));
+  }
+  // An integer where a length may stand: `len` is its value, `too_long`
+  // whether it is above kMaxDocumentLength, `text` how it was written.
+  bool Length(bool too_long, int64_t len, const std::string& text) {
+    if (depth_ != ListDepth()) return NotALength();
+    const std::string at = fmt::format("{}[{}]", ListName(), out_->back().size());
+    if (too_long)
+      return Fail(fmt::format("{} = {} is longer than the supported {} tokens", at, text, kMaxDocumentLength));
+    if (len <= 0) return Fail(fmt::format("{} = {}: lengths must be positive", at, len));
+    if (++values_ > kMaxSampledDocuments) {
+      error_ = Status::OutOfRange(fmt::format("{} holds more than {} document lengths, the most a file may hold",
+                                              shape_ == Shape::kLengths ? "the lengths file" : "the docs file",
+                                              kMaxSampledDocuments));
+      return false;
+    }
+    out_->back().push_back(len);
+    return true;
+  }
+
+  const Shape shape_;
+  std::vector<std::vector<int64_t>>* out_;
+  int depth_ = 0;
+  bool seen_batches_ = false, done_ = false;
+  int64_t values_ = 0;
+  Status error_;
+};
 
 }  // namespace
 
 Status ParseLengthsJson(std::string_view text, std::vector<int64_t>* lengths) {
-  nlohmann::json j;
-  DISTCA_RETURN_IF_ERROR(ParseJsonText(text, "lengths file", &j));
-  return ParseLengthArray(j, "lengths", lengths);
+  std::vector<std::vector<int64_t>> lists;
+  DISTCA_RETURN_IF_ERROR(LengthsReader(LengthsReader::Shape::kLengths, &lists).Read(text));
+  *lengths = std::move(lists.front());
+  return Status::Ok();
 }
 
 Status ParseBatchesJson(std::string_view text, std::vector<std::vector<int64_t>>* batches) {
-  nlohmann::json j;
-  DISTCA_RETURN_IF_ERROR(ParseJsonText(text, "docs file", &j));
-  if (!j.is_object() || !j.contains("batches"))
-    return Status::InvalidArgument("docs file must be an object with a \"batches\" array");
-  for (auto it = j.begin(); it != j.end(); ++it)  // a misspelt key would otherwise be ignored
-    if (it.key() != "batches")
-      return Status::InvalidArgument(
-          fmt::format("docs file: unknown key \"{}\" (it holds \"batches\" only)", it.key()));
-  const nlohmann::json& b = j["batches"];
-  if (!b.is_array() || b.empty()) return Status::InvalidArgument("\"batches\" must be a non-empty array");
-  batches->assign(b.size(), {});
-  for (size_t i = 0; i < b.size(); ++i)
-    DISTCA_RETURN_IF_ERROR(ParseLengthArray(b[i], fmt::format("batches[{}]", i), &(*batches)[i]));
-  return Status::Ok();
+  return LengthsReader(LengthsReader::Shape::kBatches, batches).Read(text);
 }
 
 namespace {

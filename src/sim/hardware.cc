@@ -166,7 +166,7 @@ Status ProfileFromJson(const json& j, HardwareProfile* profile) {
   DISTCA_RETURN_IF_ERROR(Integer(j, where, "dtype_bytes", &p.dtype_bytes));
   if (p.dtype_bytes > 8)
     return Status::InvalidArgument(fmt::format("{}: \"dtype_bytes\" must be at most 8, got {}", where, p.dtype_bytes));
-  DISTCA_RETURN_IF_ERROR(Number(j, where, "memory_bytes", &p.memory_bytes, 1e6, 1e15));
+  DISTCA_RETURN_IF_ERROR(Number(j, where, "memory_bytes", &p.memory_bytes, 1e6, double(kMaxDeviceMemoryBytes)));
   if (!j.contains("network") || !j.at("network").is_object())
     return Status::InvalidArgument(where + ": \"network\" must be an object with intra_node and inter_node");
   DISTCA_RETURN_IF_ERROR(OnlyKeys(j.at("network"), where + ": network", {"intra_node", "inter_node", "all_to_all"}));
@@ -281,10 +281,30 @@ std::string HardwareProfileJson(const HardwareProfile& p) {
   return out + "}\n";
 }
 
-Status ValidateAttentionTable(const AttentionTable& t) {
+Status ValidateAttentionTable(const AttentionTable& t, double peak_flops) {
   CostModel total;
   std::optional<CostModel> forward;
-  return sim::ParseAttentionTable(t, &total, &forward);
+  DISTCA_RETURN_IF_ERROR(sim::ParseAttentionTable(t, &total, &forward));
+  if (!(peak_flops > 0)) return Status::Ok();
+  // Either table's task does at least the forward pass's work: 2 matmuls of
+  // 2 FLOPs per causal pair, head dimension and query head.
+  const double flops_per_pair = 4.0 * double(t.head_dim) * double(t.q_heads);
+  for (const CostModel* m : {&total, forward ? &*forward : nullptr}) {
+    if (m == nullptr) continue;
+    const size_t nk = m->kv_grid().size();
+    for (size_t i = 0; i < m->grid_seconds().size(); ++i) {
+      const double q = m->q_grid()[i / nk], kv = m->kv_grid()[i % nk];
+      const double seconds = t.scale * m->grid_seconds()[i];
+      const double flops = flops_per_pair * (q * kv - q * (q - 1) / 2);
+      if (flops > peak_flops * seconds)
+        return Status::InvalidArgument(fmt::format(
+            "{}table '{}': at q_len {:g}, kv_len {:g}, {:g} s (scale {:g} included) is faster than the device can "
+            "be: its forward pass alone takes {:g} s at peak_flops {:g}",
+            m == &total ? "" : "forward ", m == &total ? t.file : t.forward_file, q, kv, seconds, t.scale,
+            flops / peak_flops, peak_flops));
+    }
+  }
+  return Status::Ok();
 }
 
 namespace sim {
@@ -369,7 +389,7 @@ Status LoadHardwareProfile(const std::string& path, HardwareProfile* profile,
     };
     DISTCA_RETURN_IF_ERROR(read(t.file, &t.csv));
     if (!t.forward_file.empty()) DISTCA_RETURN_IF_ERROR(read(t.forward_file, &t.forward_csv));
-    DISTCA_RETURN_IF_ERROR(ValidateAttentionTable(t).WithContext(where));
+    DISTCA_RETURN_IF_ERROR(ValidateAttentionTable(t, p.peak_flops).WithContext(where));
   }
   *profile = std::move(p);
   return Status::Ok();

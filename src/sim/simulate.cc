@@ -57,6 +57,9 @@ Status ValidateBatches(const SimOptions& o, const std::vector<std::vector<int64_
   if (batches.empty()) return Status::InvalidArgument("no batches to simulate");
   const int64_t want = int64_t{o.batch_size} * o.max_doc_len;
   for (size_t b = 0; b < batches.size(); ++b) {
+    if (int64_t(batches[b].size()) > kMaxSimBatchDocuments)
+      return Status::OutOfRange(fmt::format("batch {} holds {} documents, above the simulator's limit of {} per batch",
+                                            b, batches[b].size(), kMaxSimBatchDocuments));
     int64_t total = 0;
     for (size_t i = 0; i < batches[b].size(); ++i) {
       const int64_t len = batches[b][i];
@@ -257,7 +260,7 @@ Status ValidateSimOptions(const SimOptions& o) {
       !(h.attention_backward_factor >= 1))
     return Status::InvalidArgument("hardware profile is incomplete (load one with LoadHardwareProfile)");
   for (const AttentionTable& t : h.attention_tables)
-    DISTCA_RETURN_IF_ERROR(ValidateAttentionTable(t).WithContext("hardware profile"));
+    DISTCA_RETURN_IF_ERROR(ValidateAttentionTable(t, h.peak_flops).WithContext("hardware profile"));
   if (o.gpus <= 0 || o.tp <= 0 || o.pp <= 0)
     return Status::InvalidArgument(fmt::format("gpus ({}), tp ({}) and pp ({}) must be positive", o.gpus, o.tp, o.pp));
   // DistCA's pipeline schedule plans the backward anew and resends Q/K/V.
@@ -298,14 +301,18 @@ Status ValidateSimOptions(const SimOptions& o) {
   if (o.cp < 0 || (o.cp > 0 && G % o.cp != 0))
     return Status::InvalidArgument(fmt::format("cp ({}) must divide the {} ranks per stage", o.cp, G));
   if (o.micro_batches < 0) return Status::InvalidArgument("micro-batches must be >= 0");
-  if (o.micro_batches > kMaxSimMicroBatches)
-    return Status::OutOfRange(fmt::format("{} micro-batches per replica is above the simulator's limit of {}",
-                                          o.micro_batches, kMaxSimMicroBatches));
-  // One micro-batch per chunk: a replica may run all B of them (cp = G).
+  // Given micro-batches: a replica of one rank (cp 1) runs m of them, G such
+  // replicas m G in all.
+  if (o.micro_batches > 0 && int64_t{o.micro_batches} * G > kMaxSimMicroBatches)
+    return Status::OutOfRange(
+        fmt::format("{} micro-batches per replica over {} ranks per stage (up to {} in all, at CP 1) is above the "
+                    "simulator's limit of {} micro-batches",
+                    o.micro_batches, G, int64_t{o.micro_batches} * G, kMaxSimMicroBatches));
+  // One micro-batch per chunk: B in all, whatever the replicas.
   if (o.micro_batches == 0 && o.batch_size > kMaxSimMicroBatches)
     return Status::OutOfRange(
-        fmt::format("batch size {} chunks, one micro-batch each, is above the simulator's limit of {} micro-batches "
-                    "per replica: give --micro-batches",
+        fmt::format("batch size {} chunks, one micro-batch each, is above the simulator's limit of {} micro-batches: "
+                    "give --micro-batches",
                     o.batch_size, kMaxSimMicroBatches));
   if (o.micro_batches > 0 && int64_t{o.batch_size} * o.max_doc_len < int64_t{o.micro_batches} * G)
     return Status::InvalidArgument(
@@ -328,6 +335,13 @@ Status ValidateSimOptions(const SimOptions& o) {
     return Status::InvalidArgument(
         fmt::format("tolerance must be a number in [0, {:g}], got {}", kMaxSimTolerance, o.tolerance));
   if (o.comm_budget < 0) return Status::InvalidArgument("comm budget must be >= 0");
+  // The buffer is counted in a device's memory: at most the largest memory
+  // a profile may give a device (0 means no fixed buffer).
+  if (o.comm_budget > kMaxDeviceMemoryBytes)
+    return Status::OutOfRange(fmt::format(
+        "comm budget {} bytes per device is above the limit of {} (a profile's largest device memory; 0 means no "
+        "fixed buffer)",
+        o.comm_budget, kMaxDeviceMemoryBytes));
   if (o.wlb_breakpoint < 0 || o.wlb_breakpoint > kMaxSimIterationTokens)
     return Status::InvalidArgument(
         fmt::format("wlb-ideal's breakpoint must be in [0, {}] tokens (0: from the model's "
@@ -344,8 +358,11 @@ Status Simulate(const SimOptions& options, const std::vector<std::vector<int64_t
   DISTCA_RETURN_IF_ERROR(ValidateSimOptions(options));
   DISTCA_RETURN_IF_ERROR(ValidateBatches(options, batches));
   const sim::SimContext ctx(options);
-  const int threads = options.threads > 0 ? options.threads : omp_get_max_threads();
   const int n = static_cast<int>(batches.size());
+  // No more threads than batches, nor than the flag allows: the default
+  // (OMP_NUM_THREADS) is the environment's, unchecked.
+  const int threads = std::clamp(options.threads > 0 ? options.threads : omp_get_max_threads(), 1,
+                                 std::max(1, std::min(n, kMaxThreads)));
 
   // Powers of two dividing G that split the batch into whole micro-batches
   // per replica (or whole waves), smallest first.
