@@ -12,9 +12,12 @@
 namespace distca {
 
 // A JSON array of positive document lengths, e.g. doc-lengths-pretrain.json.
+// Read without building a JSON tree; at most kMaxSampledDocuments lengths
+// (OutOfRange beyond).
 Status ParseLengthsJson(std::string_view text, std::vector<int64_t>* lengths);
 
-// {"batches": [[len, len, ...], ...]}: each batch a non-empty list of positive lengths.
+// {"batches": [[len, len, ...], ...]}: each batch a non-empty list of positive
+// lengths; at most kMaxSampledDocuments lengths in all, as above.
 Status ParseBatchesJson(std::string_view text, std::vector<std::vector<int64_t>>* batches);
 
 // Read a file and parse it as above; errors name the path.
