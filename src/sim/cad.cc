@@ -235,9 +235,16 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
     if (!artifact_loop) {
       // The planner's rank is tp devices: its budget is tp x the per-device one.
       Status planned = plan_all(po);
-      if (!planned.ok() && po.comm_budget > 0)
+      if (!planned.ok() && po.comm_budget > 0) {
         planned = planned.WithContext(
             fmt::format("a rank of tp {} devices: comm budget {} x {} bytes", opt.tp, opt.tp, opt.comm_budget));
+        // Where the budget alone is what fails (the same waves plan without
+        // it), this degree cannot run: FailedPrecondition, so that Simulate
+        // tries the next one, whose smaller waves move less per exchange.
+        PlanOptions unbounded = po;
+        unbounded.comm_budget = 0;
+        if (plan_all(unbounded).ok()) planned = Status::FailedPrecondition(planned.message());
+      }
       DISTCA_RETURN_IF_ERROR(planned);
     } else if (P == 1) {
       // DistCA's artifact (test_e2e_combined.py): every nano-batch of the

@@ -754,6 +754,14 @@ TEST(CadTest, PaperBufferStagesOwnRowsAndGrowsWhereNothingFits) {
   EXPECT_TRUE(Contains(failed, "below what the linear layout alone moves")) << failed.ToString();
   // The planner's budget is a rank's (tp devices); the message says so.
   EXPECT_TRUE(Contains(failed, "a rank of tp 2 devices: comm budget 2 x 1 bytes")) << failed.ToString();
+  // The budget alone fails (the waves plan without it): the degree cannot
+  // run, FailedPrecondition, which Simulate skips for the next degree.
+  {
+    const sim::SimContext ctx(o);
+    sim::BatchOutcome out;
+    const Status at_degree = sim::SimulateDistca(ctx, {1024, 1024}, 1, &out);
+    EXPECT_EQ(at_degree.code(), StatusCode::kFailedPrecondition) << at_degree.ToString();
+  }
   const SimResult r = SimulateOne(o, {{1024, 1024}}, SimStrategy::kDistcaPaper);
   EXPECT_EQ(r.cp, 1);
   EXPECT_DOUBLE_EQ(r.tolerance_used, sim::kDistcaArtifactTolerances.back());
