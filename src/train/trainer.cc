@@ -69,7 +69,20 @@ Status BuildStepPlans(const std::vector<int64_t>& lengths, const TrainOptions& o
   out->nano_docs.clear();
   if (cad && o.ping_pong && lengths.size() >= 2) {
     DISTCA_RETURN_IF_ERROR(SplitNanoBatches(lengths, 2, &out->nano_docs));
-  } else {
+    // Every rank holds a token of each nano-batch (the linear layout's
+    // contract): where a nano-batch has fewer tokens than ranks (a batch
+    // of one long document and a few short ones), the step runs as one,
+    // without ping-pong, as it does for a batch of one document.
+    for (const std::vector<int>& nano : out->nano_docs) {
+      int64_t tokens = 0;
+      for (int d : nano) tokens += lengths[size_t(d)];
+      if (tokens < data_ranks) {
+        out->nano_docs.clear();
+        break;
+      }
+    }
+  }
+  if (out->nano_docs.empty()) {
     out->nano_docs.emplace_back();
     for (int i = 0; i < static_cast<int>(lengths.size()); ++i) out->nano_docs[0].push_back(i);
   }
