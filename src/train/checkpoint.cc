@@ -5,7 +5,9 @@
 #include <fcntl.h>
 #include <stdio.h>
 
+#include <algorithm>
 #include <bit>
+#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -300,13 +302,25 @@ Status LoadCheckpoint(const std::string& dir, Transformer* model, AdamW* optimiz
   std::error_code ec;
   if (!fs::is_directory(ckpt, ec)) return Status::InvalidArgument(fmt::format("--load {}: no such directory", dir));
   if (!fs::exists(ckpt / "state.json")) {
+    // `latest` names one step directory on one short line ("step-00000002"
+    // and a newline, as SaveCheckpoint writes it): a larger file is not read.
+    constexpr size_t kMaxLatestBytes = 4096;
+    const fs::path latest_path = ckpt / "latest";
+    if (fs::is_regular_file(latest_path, ec) && fs::file_size(latest_path, ec) > kMaxLatestBytes)
+      return Status::InvalidArgument(fmt::format(
+          "{}/latest is malformed: over {} bytes, where it names one step directory", dir, kMaxLatestBytes));
     std::string latest;
-    Status s = ReadTextFile((ckpt / "latest").string(), &latest);
+    Status s = ReadTextFile(latest_path.string(), &latest, kMaxLatestBytes);
     if (!s.ok())
       return Status::InvalidArgument(fmt::format("--load {}: neither state.json nor a 'latest' file is there", dir));
     while (!latest.empty() && (latest.back() == '\n' || latest.back() == ' ')) latest.pop_back();
-    if (latest.empty() || latest.find('/') != std::string::npos)
-      return Status::InvalidArgument(fmt::format("{}/latest is malformed", dir));
+    // A plain directory name: letters, digits, '.', '_' and '-', not "." or "..".
+    const bool plain = std::all_of(latest.begin(), latest.end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
+    });
+    if (latest.empty() || !plain || latest == "." || latest == "..")
+      return Status::InvalidArgument(
+          fmt::format("{}/latest is malformed: it must name one step directory (letters, digits, '.', '_', '-')", dir));
     ckpt /= latest;
   }
   const std::string where = ckpt.string();

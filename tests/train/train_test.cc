@@ -252,6 +252,22 @@ TEST(TrainTest, CheckpointRoundTripAndCorruption) {
   std::filesystem::rename(good_weights, weights);
   ASSERT_TRUE(LoadCheckpoint(dir, fresh.get(), &opt4, &st).ok());
 
+  // `latest` names one step directory on one short line: a long file is not
+  // read (a 4 GB one filled memory), nor a name outside the directory.
+  const std::string latest = dir + "/latest";
+  const std::string good_latest = latest + ".good";
+  std::filesystem::copy_file(latest, good_latest);
+  std::ofstream(latest) << std::string(5000, 'a');
+  s = LoadCheckpoint(dir, fresh.get(), &opt4, &st);
+  EXPECT_NE(s.message().find("latest is malformed: over 4096 bytes"), std::string::npos) << s.ToString();
+  for (const char* name : {"..", "step-00000005/../..", "step\x01", ""}) {
+    std::ofstream(latest, std::ios::trunc) << name << "\n";
+    s = LoadCheckpoint(dir, fresh.get(), &opt4, &st);
+    EXPECT_NE(s.message().find("latest is malformed"), std::string::npos) << name << ": " << s.ToString();
+  }
+  std::filesystem::rename(good_latest, latest);
+  ASSERT_TRUE(LoadCheckpoint(dir, fresh.get(), &opt4, &st).ok());
+
   // Non-finite weights or moments are not saved.
   opt.v()[3] = std::numeric_limits<float>::infinity();
   s = SaveCheckpoint(dir, *model, opt, {6, {6, 1, 2, 3}, 42, schedule});
