@@ -32,8 +32,11 @@ namespace distca::comm {
 namespace {
 
 constexpr int64_t kMaxMessage = int64_t{1} << 30;
-// DISTCA_MPI_MAX_MESSAGE=N (1 <= N <= kMaxMessage) lowers the message size
-// limit, so that tests exercise the cutting of transfers with small ones.
+// DISTCA_MPI_MAX_MESSAGE=N (kMinMessage <= N <= kMaxMessage) lowers the
+// message size limit, so that tests exercise the cutting of transfers with
+// small ones. Not below 64 bytes: at 1 byte (one float per all-reduce call)
+// a run of the tiny model took minutes.
+constexpr int64_t kMinMessage = 64;
 constexpr const char* kMaxMessageEnv = "DISTCA_MPI_MAX_MESSAGE";
 // Tags above the user range carry the collectives built from point-to-point.
 constexpr int kInternalTagBase = Comm::kMaxUserTag + 1;
@@ -302,9 +305,9 @@ Status RunMpi(const std::function<Status(Comm&)>& fn) {
     char* end = nullptr;
     errno = 0;
     const long long v = std::strtoll(env, &end, 10);
-    if (errno != 0 || end == env || *end != '\0' || v < 1 || v > kMaxMessage) {
-      const Status bad = Status::InvalidArgument(
-          fmt::format("{}='{}' is not a whole number of bytes in [1, {}]", kMaxMessageEnv, env, kMaxMessage));
+    if (errno != 0 || end == env || *end != '\0' || v < kMinMessage || v > kMaxMessage) {
+      const Status bad = Status::InvalidArgument(fmt::format("{}='{}' is not a whole number of bytes in [{}, {}]",
+                                                             kMaxMessageEnv, env, kMinMessage, kMaxMessage));
       MpiComm(kMaxMessage).Abort(bad);
       return bad;
     }

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <thread>
@@ -22,6 +23,31 @@ TEST(LocalCommTest, ContractOnManyRankCounts) {
   for (int ranks : {1, 2, 3, 4, 8}) {
     const Status s = RunLocal(ranks, CheckCommContract);
     EXPECT_TRUE(s.ok()) << ranks << " ranks: " << s.ToString();
+  }
+}
+
+// The local all-reduce sums each element once, in rank order, and sends the
+// sum to every rank: every rank holds the same bits, those of the plain sum
+// in rank order, also with fewer elements than ranks and with none.
+TEST(LocalCommTest, AllreduceIsTheRankOrderSumOnEveryRank) {
+  const auto value = [](int rank, int64_t i) { return 0.1f * float(rank + 1) / float(i + 3); };
+  for (int ranks : {1, 3, 5, 8}) {
+    for (int64_t count : {int64_t{0}, int64_t{2}, int64_t{7}, int64_t{1001}}) {
+      const Status s = RunLocal(ranks, [&](Comm& c) {
+        std::vector<float> v(static_cast<size_t>(count));
+        for (int64_t i = 0; i < count; ++i) v[size_t(i)] = value(c.rank(), i);
+        DISTCA_RETURN_IF_ERROR(c.AllreduceSum(v.data(), count));
+        for (int64_t i = 0; i < count; ++i) {
+          float sum = 0.0f;
+          for (int p = 0; p < c.size(); ++p) sum += value(p, i);
+          if (std::memcmp(&sum, &v[size_t(i)], sizeof sum) != 0)
+            return Status::Internal(
+                fmt::format("rank {}: element {} is {}, the rank-order sum {}", c.rank(), i, v[size_t(i)], sum));
+        }
+        return Status::Ok();
+      });
+      EXPECT_TRUE(s.ok()) << ranks << " ranks, " << count << " elements: " << s.ToString();
+    }
   }
 }
 
