@@ -28,9 +28,11 @@ int Fail(const std::string& message) {
 int Run(int argc, char** argv) {
   CLI::App app{"distca-make-indexed: convert a text directory (byte tokens) into a Megatron indexed dataset"};
   std::string input, glob, output;
-  app.add_option("--input", input, "directory whose regular files are the documents (recursively)")->required();
+  app.add_option("--input", input, "directory whose regular files are the documents (recursively)")
+      ->required()
+      ->check(distca::cli::kPath);
   app.add_option("--glob", glob, "only files whose path relative to --input matches (fnmatch; '*' crosses '/')");
-  app.add_option("--output", output, "writes OUTPUT.bin and OUTPUT.idx")->required();
+  app.add_option("--output", output, "writes OUTPUT.bin and OUTPUT.idx")->required()->check(distca::cli::kPath);
   if (int rc = 0; !distca::cli::Parse(app, argc, argv, &rc)) return rc;
   // OUTPUT is a prefix: it needs a file name, and its files must not land
   // among the documents they are made from (a second run would read them).

@@ -145,7 +145,8 @@ int Run(int argc, char** argv) {
   app.add_option("--cost-table", a.cost_table, "CSV q_len,kv_len,seconds: balance measured time instead of FLOPs")
       ->check(CLI::ExistingFile);
   app.add_flag("--json", a.json, "one JSON object per batch per line");
-  app.add_option("--emit-plan", a.emit_plan, "write the plan as JSON (needs a single batch)");
+  app.add_option("--emit-plan", a.emit_plan, "write the plan as JSON (needs a single batch)")
+      ->check(distca::cli::kPath);
   if (int rc = 0; !distca::cli::Parse(app, argc, argv, &rc)) return rc;
 
   Status s = distca::ParsePlanPolicy(a.policy, &a.plan.policy);

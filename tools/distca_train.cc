@@ -213,11 +213,12 @@ int Run(int argc, char** argv) {
                  "seconds a rank waits for a message before the run fails (ranks as threads only; Default: 120)")
       ->check(pos);
   app.add_option("--threads", t.threads, "OpenMP threads per rank (Default: 1)")->check(pos);
-  app.add_option("--save", t.save_dir, "checkpoint directory");
+  app.add_option("--save", t.save_dir, "checkpoint directory")->check(distca::cli::kPath);
   app.add_option("--save-every", t.save_every, "save every N steps (Default: only at the end)")->check(nonneg);
-  app.add_option("--load", t.load_dir, "resume from a checkpoint directory");
-  app.add_option("--trace", a.trace_file, "write a Chrome trace (under MPI rank r > 0 writes FILE.rank<r>)");
-  app.add_option("--json-log", a.json_log, "append one JSON object per step to this file");
+  app.add_option("--load", t.load_dir, "resume from a checkpoint directory")->check(distca::cli::kPath);
+  app.add_option("--trace", a.trace_file, "write a Chrome trace (under MPI rank r > 0 writes FILE.rank<r>)")
+      ->check(distca::cli::kPath);
+  app.add_option("--json-log", a.json_log, "append one JSON object per step to this file")->check(distca::cli::kPath);
   if (int rc = 0; !distca::cli::Parse(app, argc, argv, &rc)) return rc;
 
   Status s = a.model.Resolve(&t.model);

@@ -60,6 +60,11 @@ inline const CLI::Validator kShare(
     },
     "SHARE");
 
+// Accepts a non-empty path: an empty one ("$UNSET_VAR") would otherwise turn
+// an option off silently (--load "" starting from scratch).
+inline const CLI::Validator kPath([](std::string& s) -> std::string { return s.empty() ? "the path is empty" : ""; },
+                                  "PATH");
+
 // Numbers as a person writes them in decimal: CLI11 would otherwise read
 // "010" as octal 8, "0x10" as hex, saturate an integer past its type's range,
 // and let "inf" or "nan" through. Integer options take optional '-' and

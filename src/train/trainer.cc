@@ -139,6 +139,11 @@ Status CheckOptions(const Comm& comm, const TrainOptions& o) {
   if (o.steps < 1) return Status::InvalidArgument(fmt::format("--steps must be >= 1, got {}", o.steps));
   if (o.threads < 1 || o.threads > kMaxThreads)
     return Status::InvalidArgument(fmt::format("--threads must be in [1, {}], got {}", kMaxThreads, o.threads));
+  // Every rank on this machine runs its own OpenMP team.
+  if (int64_t{o.threads} * comm.machine_ranks() > kMaxThreads)
+    return Status::InvalidArgument(
+        fmt::format("--threads {} on each of the {} ranks on this machine is {} threads, above the limit of {}",
+                    o.threads, comm.machine_ranks(), int64_t{o.threads} * comm.machine_ranks(), kMaxThreads));
   if (o.block < 1) return Status::InvalidArgument(fmt::format("--block must be >= 1, got {}", o.block));
   if (o.servers < 0) return Status::InvalidArgument(fmt::format("--servers must be >= 0, got {}", o.servers));
   if (o.attention == AttentionMode::kCad && o.servers >= comm.size())
