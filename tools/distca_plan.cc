@@ -181,6 +181,9 @@ int Run(int argc, char** argv) {
   if (!a.emit_plan.empty() && batches.size() != 1)
     return Fail(fmt::format("--emit-plan writes one plan but there are {} batches; {}", batches.size(),
                             a.docs_file.empty() ? "sample one (--batches 1)" : "pick one with --batch"));
+  // A plan file that cannot be written is found before the planning.
+  if (!a.emit_plan.empty())
+    if (s = distca::CheckOutputPath(a.emit_plan); !s.ok()) return Fail("--emit-plan: " + s.message());
 
   // Every batch is checked, then planned and validated, before any row is
   // printed: a bad one fails the run without a partial table.
