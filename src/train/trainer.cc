@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <string_view>
 #include <vector>
@@ -350,8 +351,14 @@ Status Train(Comm& comm, const TrainOptions& options, const std::function<void(c
   DISTCA_RETURN_IF_ERROR(BatchStream::Open(data, &stream));
   // A save directory that cannot be written is found before the first step,
   // not after the run has trained.
-  if (!o.save_dir.empty() && rank == 0)
+  if (!o.save_dir.empty() && rank == 0) {
     DISTCA_RETURN_IF_ERROR(CheckOutputDirectory(o.save_dir, "checkpoint directory"));
+    // Each save ends by replacing DIR/latest, which a directory there blocks.
+    const std::string latest = (std::filesystem::path(o.save_dir) / "latest").string();
+    std::error_code ec;
+    if (std::filesystem::is_directory(latest, ec))
+      return Status::IoError(fmt::format("cannot write checkpoints to '{}': '{}' is a directory", o.save_dir, latest));
+  }
   if (stream->vocab_size() > o.model.vocab_size)
     return Status::InvalidArgument(fmt::format("the data's token ids go up to {} but the model's vocabulary is {}",
                                                stream->vocab_size() - 1, o.model.vocab_size));
