@@ -365,10 +365,11 @@ int Run(int argc, char** argv) {
          "B: L-token chunks per iteration (without --micro-batches, a multiple of G / c for a power-of-two CP degree c "
          "dividing G = gpus / (tp x pp))")
       ->check(pos);
-  app.add_option("--lengths", a.lengths, "JSON array of document lengths to sample from");
+  app.add_option("--lengths", a.lengths, "JSON array of document lengths to sample from")->check(distca::cli::kPath);
   app.add_option("--docs-file", a.docs_file,
                  "JSON {\"batches\": [[len, ...], ...]}: each batch one iteration's global batch (all of equal "
-                 "total, a multiple of gpus / (tp x pp)); sets L = total / G and B = G; replaces --lengths");
+                 "total, a multiple of gpus / (tp x pp)); sets L = total / G and B = G; replaces --lengths")
+      ->check(distca::cli::kPath);
   app.add_option("--batches", a.batches, "sampled batches per configuration (Default: 30)")->check(pos);
   app.add_option("--upsample", a.recipe.upsample, "copies of each long document (Default: 1; grid: 4)")->check(pos);
   app.add_option("--upsample-threshold", a.recipe.upsample_threshold, "length from which a document is long (65536)")
@@ -435,7 +436,8 @@ int Run(int argc, char** argv) {
       ->check(CLI::IsMember({"3d", "4d"}));
   app.add_option("--out", a.out_dir,
                  "with --paper-grid: directory for grid_<d>.csv and speedup_<d>.png; with --tolerance-sweep: for "
-                 "tolerance.csv and tolerance.png");
+                 "tolerance.csv and tolerance.png")
+      ->check(distca::cli::kPath);
   app.add_option("--grid-elongate-base", a.grid_recipe.elongate_base,
                  "with --paper-grid: elongate = L / this (Default: 65536, the DistCA artifact's)")
       ->check(pos);

@@ -17,7 +17,8 @@ namespace distca {
 Status ParseLengthsJson(std::string_view text, std::vector<int64_t>* lengths);
 
 // {"batches": [[len, len, ...], ...]}: each batch a non-empty list of positive
-// lengths; at most kMaxSampledDocuments lengths in all, as above.
+// lengths; at most kMaxSampledDocuments lengths in all, as above, in at most
+// kMaxSampledBatches batches (OutOfRange beyond).
 Status ParseBatchesJson(std::string_view text, std::vector<std::vector<int64_t>>* batches);
 
 // Read a file and parse it as above; errors name the path.

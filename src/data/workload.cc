@@ -23,7 +23,8 @@ namespace {
 // tree is built (a tree of a file near the input size limit would take tens
 // of GB, and a failed allocation inside the tree's destructor ends the
 // process): the lengths cost their 8 bytes each, at most
-// kMaxSampledDocuments of them, and reading stops at the first problem.
+// kMaxSampledDocuments of them (in a docs file, in at most
+// kMaxSampledBatches batches), and reading stops at the first problem.
 class LengthsReader {
  public:
   enum class Shape { kLengths, kBatches };
@@ -53,10 +54,13 @@ class LengthsReader {
   bool number_float(double, const std::string&) { return NotALength(); }
   bool string(std::string&) { return NotALength(); }
   bool binary(Json::binary_t&) { return NotALength(); }
-  bool number_integer(int64_t v) { return Length(v > kMaxDocumentLength, v, std::to_string(v)); }
+  bool number_integer(int64_t v) {
+    if (v > kMaxDocumentLength) return TooLong(std::to_string(v));
+    return Length(v);
+  }
   bool number_unsigned(uint64_t v) {
-    return Length(v > uint64_t{kMaxDocumentLength}, int64_t(std::min<uint64_t>(v, uint64_t{kMaxDocumentLength})),
-                  std::to_string(v));
+    if (v > uint64_t{kMaxDocumentLength}) return TooLong(std::to_string(v));
+    return Length(static_cast<int64_t>(v));
   }
   bool start_object(size_t) {
     if (shape_ == Shape::kBatches && depth_ == 0) {
@@ -80,6 +84,12 @@ class LengthsReader {
   }
   bool start_array(size_t) {
     if (depth_ == ListDepth() - 1 && (shape_ == Shape::kLengths || depth_ == 2)) {
+      // Each batch costs a list of its own: at most as many as a run samples.
+      if (shape_ == Shape::kBatches && int64_t(out_->size()) >= kMaxSampledBatches) {
+        error_ = Status::OutOfRange(
+            fmt::format("the docs file holds more than {} batches, the most a file may hold", kMaxSampledBatches));
+        return false;
+      }
       out_->emplace_back();
       depth_ = ListDepth();
       return true;
@@ -121,21 +131,23 @@ class LengthsReader {
   }
   // A value other than a length: named by where it stands.
   bool NotALength() {
-    if (depth_ == ListDepth())
-      return Fail(fmt::format("{}[{}] is not an integer length", ListName(), out_->back().size()));
+    if (depth_ == ListDepth()) return Fail(At() + " is not an integer length");
     if (shape_ == Shape::kLengths) return Fail("lengths must be an array of document lengths");
     if (depth_ == 0) return Fail("docs file must be an object with a \"batches\" array");
     if (depth_ == 1) return Fail("\"batches\" must be a non-empty array");
     return Fail(fmt::format("batches[{}] must be an array of document lengths", out_->size()));
   }
-  // An integer where a length may stand: `len` is its value, `too_long`
-  // whether it is above kMaxDocumentLength, `text` how it was written.
-  bool Length(bool too_long, int64_t len, const std::string& text) {
+  // The place of the value being read, for messages: "lengths[3]".
+  std::string At() const { return fmt::format("{}[{}]", ListName(), out_->back().size()); }
+  // An integer above kMaxDocumentLength, as written.
+  bool TooLong(const std::string& text) {
     if (depth_ != ListDepth()) return NotALength();
-    const std::string at = fmt::format("{}[{}]", ListName(), out_->back().size());
-    if (too_long)
-      return Fail(fmt::format("{} = {} is longer than the supported {} tokens", at, text, kMaxDocumentLength));
-    if (len <= 0) return Fail(fmt::format("{} = {}: lengths must be positive", at, len));
+    return Fail(fmt::format("{} = {} is longer than the supported {} tokens", At(), text, kMaxDocumentLength));
+  }
+  // An integer where a length may stand, at most kMaxDocumentLength.
+  bool Length(int64_t len) {
+    if (depth_ != ListDepth()) return NotALength();
+    if (len <= 0) return Fail(fmt::format("{} = {}: lengths must be positive", At(), len));
     if (++values_ > kMaxSampledDocuments) {
       error_ = Status::OutOfRange(fmt::format("{} holds more than {} document lengths, the most a file may hold",
                                               shape_ == Shape::kLengths ? "the lengths file" : "the docs file",

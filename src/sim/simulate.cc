@@ -305,9 +305,9 @@ Status ValidateSimOptions(const SimOptions& o) {
   // replicas m G in all.
   if (o.micro_batches > 0 && int64_t{o.micro_batches} * G > kMaxSimMicroBatches)
     return Status::OutOfRange(
-        fmt::format("{} micro-batches per replica over {} ranks per stage (up to {} in all, at CP 1) is above the "
+        fmt::format("{} micro-batches per replica over {} rank{} per stage (up to {} in all, at CP 1) is above the "
                     "simulator's limit of {} micro-batches",
-                    o.micro_batches, G, int64_t{o.micro_batches} * G, kMaxSimMicroBatches));
+                    o.micro_batches, G, G == 1 ? "" : "s", int64_t{o.micro_batches} * G, kMaxSimMicroBatches));
   // One micro-batch per chunk: B in all, whatever the replicas.
   if (o.micro_batches == 0 && o.batch_size > kMaxSimMicroBatches)
     return Status::OutOfRange(

@@ -353,11 +353,14 @@ Status Train(Comm& comm, const TrainOptions& options, const std::function<void(c
   // not after the run has trained.
   if (!o.save_dir.empty() && rank == 0) {
     DISTCA_RETURN_IF_ERROR(CheckOutputDirectory(o.save_dir, "checkpoint directory"));
-    // Each save ends by replacing DIR/latest, which a directory there blocks.
-    const std::string latest = (std::filesystem::path(o.save_dir) / "latest").string();
-    std::error_code ec;
-    if (std::filesystem::is_directory(latest, ec))
-      return Status::IoError(fmt::format("cannot write checkpoints to '{}': '{}' is a directory", o.save_dir, latest));
+    // Each save ends by writing DIR/latest.tmp and renaming it over
+    // DIR/latest, which a directory at either name blocks.
+    for (const char* name : {"latest", "latest.tmp"}) {
+      const std::string path = (std::filesystem::path(o.save_dir) / name).string();
+      std::error_code ec;
+      if (std::filesystem::is_directory(path, ec))
+        return Status::IoError(fmt::format("cannot write checkpoints to '{}': '{}' is a directory", o.save_dir, path));
+    }
   }
   if (stream->vocab_size() > o.model.vocab_size)
     return Status::InvalidArgument(fmt::format("the data's token ids go up to {} but the model's vocabulary is {}",

@@ -33,6 +33,20 @@ TEST(WorkloadTest, RejectsBadFiles) {
                        "docs file: unknown key \"batch\""));
   EXPECT_TRUE(Contains(ParseBatchesJson(R"({"batches": [[1], []]})", &batches), "batches[1] is empty"));
   EXPECT_TRUE(Contains(ParseBatchesJson(R"({"batches": [[1, "x"]]})", &batches), "batches[0][1]"));
+  EXPECT_TRUE(Contains(ParseLengthsJson("[3, 2147483649]", &lengths), "lengths[1] = 2147483649 is longer"));
+  // A docs file holds at most kMaxSampledBatches batches (each costs a list
+  // of its own, whatever its lengths).
+  const auto docs_with = [](int n) {
+    std::string text = R"({"batches": [)";
+    for (int b = 0; b < n; ++b) text += b == 0 ? "[1]" : ",[1]";
+    return text + "]}";
+  };
+  ASSERT_TRUE(ParseBatchesJson(docs_with(kMaxSampledBatches), &batches).ok());
+  EXPECT_EQ(batches.size(), size_t(kMaxSampledBatches));
+  const Status many = ParseBatchesJson(docs_with(kMaxSampledBatches + 1), &batches);
+  EXPECT_EQ(many.code(), StatusCode::kOutOfRange);
+  EXPECT_TRUE(Contains(many, "holds more than 100000 batches")) << many.ToString();
+  EXPECT_TRUE(batches.empty());
 }
 
 // The batches one seed gives, as this build's standard library samples them
