@@ -428,6 +428,7 @@ Status Simulate(const SimOptions& options, const std::vector<std::vector<int64_t
     // schedule finds no tolerance that fits its buffer: FailedPrecondition)
     // is skipped; the first such reason is the error when no degree runs.
     Status skipped;
+    std::vector<int> skipped_degrees;
     for (int cp : cps) {
       std::vector<sim::BatchOutcome> outcomes(n);
       std::vector<Status> status(n);
@@ -458,6 +459,7 @@ Status Simulate(const SimOptions& options, const std::vector<std::vector<int64_t
       if (failed != status.end() && failed->code() == StatusCode::kFailedPrecondition && cps.size() > 1) {
         if (skipped.ok())
           skipped = failed->WithContext(fmt::format("{}, cp {}, batch {}", e.name, cp, failed - status.begin()));
+        skipped_degrees.push_back(cp);
         continue;
       }
       for (int b = 0; b < n; ++b) {
@@ -484,7 +486,11 @@ Status Simulate(const SimOptions& options, const std::vector<std::vector<int64_t
         if (k >= 2 && tried[k - 2].memory_fits && tried[k - 1].iteration_s > tried[k - 2].iteration_s) break;
       }
     }
-    if (tried.empty()) return skipped;
+    if (tried.empty())
+      return skipped_degrees.size() > 1
+                 ? Status(skipped.code(), fmt::format("no degree runs (cp {} tried); the first: {}",
+                                                      fmt::join(skipped_degrees, ", "), skipped.message()))
+                 : skipped;
     auto faster = [](const SimResult& a, const SimResult& b) { return a.iteration_s < b.iteration_s; };
     std::vector<SimResult> pool;
     for (const SimResult& r : tried)
