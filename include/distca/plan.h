@@ -60,6 +60,9 @@ inline int64_t CausalPairs(int64_t q_begin, int64_t q_end) {
   const int64_t q = q_end - q_begin;
   return q <= 0 ? 0 : q * q_end - q * (q - 1) / 2;
 }
+// The same for the last q_len rows of a kv_len-long context, in real numbers
+// (a measured table's grid coordinates).
+inline double CausalPairsReal(double q_len, double kv_len) { return q_len * kv_len - q_len * (q_len - 1) / 2; }
 
 // What a task costs a server. Balancing happens in these units.
 class CostModel {

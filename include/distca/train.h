@@ -120,6 +120,10 @@ struct TrainState {
 };
 Status SaveCheckpoint(const std::string& dir, const Transformer& model, const AdamW& optimizer,
                       const TrainState& state);
+// Whether SaveCheckpoint can write into DIR, checked before a run trains:
+// the directory can be created or written, and nothing blocks the 'latest'
+// file it replaces (a directory by that name, or by its staging name).
+Status CheckCheckpointDirectory(const std::string& dir);
 // Loads DIR's latest checkpoint (or DIR itself when it holds state.json).
 // Fails without touching model/optimizer when the files are missing, corrupt
 // or were written for a different model shape. Beyond the model and the

@@ -88,7 +88,7 @@ Status WriteTextFile(const std::string& path, std::string_view contents) {
   // A device, a pipe or a link (/dev/stdout is one) is written as it is: a
   // rename would replace the link, not what it points to.
   if (!ec && std::filesystem::exists(st) && !std::filesystem::is_regular_file(st)) return WriteInPlace(path, contents);
-  const std::string tmp = path + ".tmp";
+  const std::string tmp = StagingPathOf(path);
   std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
   // No temporary can be made beside it (a directory this user cannot write,
   // holding a file it can): write in place.
@@ -176,8 +176,10 @@ Status CheckOutputDirectory(const std::string& dir, std::string_view what) {
   return Status::Ok();
 }
 
+std::string StagingPathOf(const std::string& path) { return path + ".tmp"; }
+
 Status WriteFileAtomic(const std::string& path, std::string_view contents) {
-  const std::string tmp = path + ".tmp";
+  const std::string tmp = StagingPathOf(path);
   DISTCA_RETURN_IF_ERROR(WriteFileSynced(tmp, contents));
   DISTCA_RETURN_IF_ERROR(RenameOver(tmp, path));
   return SyncDirectory(DirectoryOf(path));

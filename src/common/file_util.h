@@ -22,6 +22,8 @@ Status WriteTextFile(const std::string& path, std::string_view contents);
 // Writes `contents` to path + ".tmp", fsyncs it, renames it over `path` and
 // fsyncs the directory: readers see the old file or the whole new one.
 Status WriteFileAtomic(const std::string& path, std::string_view contents);
+// Where WriteFileAtomic and WriteTextFile stage `path`: path + ".tmp".
+std::string StagingPathOf(const std::string& path);
 // Parts of WriteFileAtomic, for writers that replace several files at once:
 // write and fsync `path` (removed again on failure); the directory holding
 // `path` ("." for a bare name).

@@ -17,8 +17,7 @@ Status ParseJsonText(std::string_view text, const std::string& what, nlohmann::j
   const auto invalid = [&](const std::string& why) {
     return Status::InvalidArgument(what + " is not valid JSON: " + why);
   };
-  if (const size_t nul = text.find('\0'); nul != std::string_view::npos)
-    return invalid("a NUL byte at offset " + std::to_string(nul));
+  DISTCA_RETURN_IF_ERROR(RefuseNulByte(text, what));
   std::vector<std::set<std::string>> keys;  // per open object, its keys so far
   using Event = nlohmann::json::parse_event_t;
   const nlohmann::json::parser_callback_t check = [&](int depth, Event event, nlohmann::json& parsed) {
@@ -42,6 +41,12 @@ Status ParseJsonText(std::string_view text, const std::string& what, nlohmann::j
   } catch (const nlohmann::json::exception& e) {
     return invalid(JsonExceptionWhy(e));
   }
+  return Status::Ok();
+}
+
+Status RefuseNulByte(std::string_view text, const std::string& what) {
+  if (const size_t nul = text.find('\0'); nul != std::string_view::npos)
+    return Status::InvalidArgument(what + " is not valid JSON: a NUL byte at offset " + std::to_string(nul));
   return Status::Ok();
 }
 

@@ -20,6 +20,11 @@ inline constexpr int kMaxJsonDepth = 64;
 // naming the line and column of a syntax error.
 Status ParseJsonText(std::string_view text, const std::string& what, nlohmann::json* out);
 
+// InvalidArgument "WHAT is not valid JSON: a NUL byte at offset N" if the
+// text holds one (nlohmann's parsers would stop there and accept what came
+// before); for readers that parse the text themselves.
+Status RefuseNulByte(std::string_view text, const std::string& what);
+
 // The parser's message without its "[json.exception.parse_error.101] " tag:
 // "parse error at line 1, column 7: ...".
 std::string JsonExceptionWhy(const nlohmann::json::exception& e);

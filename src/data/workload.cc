@@ -34,8 +34,7 @@ class LengthsReader {
 
   Status Read(std::string_view text) {
     const std::string what = shape_ == Shape::kLengths ? "lengths file" : "docs file";
-    if (const size_t nul = text.find('\0'); nul != std::string_view::npos)
-      return Status::InvalidArgument(fmt::format("{} is not valid JSON: a NUL byte at offset {}", what, nul));
+    DISTCA_RETURN_IF_ERROR(RefuseNulByte(text, what));
     try {
       if (!Json::sax_parse(text.begin(), text.end(), this) && error_.ok())
         error_ = Status::Internal(what + ": the JSON reader stopped without a reason");

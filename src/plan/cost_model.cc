@@ -29,9 +29,6 @@ std::pair<size_t, double> Bracket(const std::vector<double>& grid, double x) {
   return {i, (x - grid[i]) / (grid[i + 1] - grid[i])};
 }
 
-// Causal pairs of the last q rows of a kv-long context, in real numbers.
-double PairsReal(double q, double kv) { return q * kv - q * (q - 1) / 2; }
-
 }  // namespace
 
 double CostModel::TableSeconds(double q_len, double kv_len) const {
@@ -47,8 +44,8 @@ double CostModel::TableSeconds(double q_len, double kv_len) const {
   const double qc = std::clamp(q_len, q_grid_.front(), q_grid_.back());
   const double kc = std::clamp(kv_len, kv_grid_.front(), kv_grid_.back());
   if (qc == q_len && kc == kv_len) return interpolated;
-  const double inside = PairsReal(std::min(qc, kc), kc);
-  return inside > 0 ? interpolated * PairsReal(q_len, kv_len) / inside : interpolated;
+  const double inside = CausalPairsReal(std::min(qc, kc), kc);
+  return inside > 0 ? interpolated * CausalPairsReal(q_len, kv_len) / inside : interpolated;
 }
 
 Status CostModel::FromTableCsv(std::string_view csv_text, CostModel* model) {

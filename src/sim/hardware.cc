@@ -286,16 +286,17 @@ Status ValidateAttentionTable(const AttentionTable& t, double peak_flops) {
   std::optional<CostModel> forward;
   DISTCA_RETURN_IF_ERROR(sim::ParseAttentionTable(t, &total, &forward));
   if (!(peak_flops > 0)) return Status::Ok();
-  // Either table's task does at least the forward pass's work: 2 matmuls of
-  // 2 FLOPs per causal pair, head dimension and query head.
-  const double flops_per_pair = 4.0 * double(t.head_dim) * double(t.q_heads);
+  // Either table's task does at least the forward pass's work: the
+  // planner's FLOP cost of one causal pair, times the task's pairs.
+  const double flops_per_pair = CostModel::Flops({t.q_heads, t.kv_heads, t.head_dim, 2}).TaskCost(0, 1);
   for (const CostModel* m : {&total, forward ? &*forward : nullptr}) {
     if (m == nullptr) continue;
     const size_t nk = m->kv_grid().size();
     for (size_t i = 0; i < m->grid_seconds().size(); ++i) {
       const double q = m->q_grid()[i / nk], kv = m->kv_grid()[i % nk];
       const double seconds = t.scale * m->grid_seconds()[i];
-      const double flops = flops_per_pair * (q * kv - q * (q - 1) / 2);
+      // Cells with kv < q hold the (kv, kv) point.
+      const double flops = flops_per_pair * CausalPairsReal(std::min(q, kv), kv);
       if (flops > peak_flops * seconds)
         return Status::InvalidArgument(fmt::format(
             "{}table '{}': at q_len {:g}, kv_len {:g}, {:g} s (scale {:g} included) is faster than the device can "

@@ -22,6 +22,9 @@ namespace distca {
 namespace {
 
 namespace fs = std::filesystem;
+
+// The file in a checkpoint directory that names its newest step directory.
+constexpr const char* kLatestFile = "latest";
 using nlohmann::json;
 
 static_assert(std::endian::native == std::endian::little, "safetensors data is little-endian");
@@ -294,7 +297,18 @@ Status SaveCheckpoint(const std::string& dir, const Transformer& model, const Ad
     return Status::IoError(
         fmt::format("cannot rename '{}' to '{}': {}", tmp.string(), final_dir.string(), ec.message()));
   DISTCA_RETURN_IF_ERROR(SyncDirectory(dir));
-  return WriteFileAtomic((fs::path(dir) / "latest").string(), name + "\n");
+  return WriteFileAtomic((fs::path(dir) / kLatestFile).string(), name + "\n");
+}
+
+Status CheckCheckpointDirectory(const std::string& dir) {
+  DISTCA_RETURN_IF_ERROR(CheckOutputDirectory(dir, "checkpoint directory"));
+  const std::string latest = (fs::path(dir) / kLatestFile).string();
+  for (const std::string& path : {latest, StagingPathOf(latest)}) {
+    std::error_code ec;
+    if (fs::is_directory(path, ec))
+      return Status::IoError(fmt::format("cannot write checkpoints to '{}': '{}' is a directory", dir, path));
+  }
+  return Status::Ok();
 }
 
 Status LoadCheckpoint(const std::string& dir, Transformer* model, AdamW* optimizer, TrainState* state) {
@@ -305,7 +319,7 @@ Status LoadCheckpoint(const std::string& dir, Transformer* model, AdamW* optimiz
     // `latest` names one step directory on one short line ("step-00000002"
     // and a newline, as SaveCheckpoint writes it): a larger file is not read.
     constexpr size_t kMaxLatestBytes = 4096;
-    const fs::path latest_path = ckpt / "latest";
+    const fs::path latest_path = ckpt / kLatestFile;
     if (fs::is_regular_file(latest_path, ec) && fs::file_size(latest_path, ec) > kMaxLatestBytes)
       return Status::InvalidArgument(fmt::format(
           "{}/latest is malformed: over {} bytes, where it names one step directory", dir, kMaxLatestBytes));

@@ -7,13 +7,11 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <memory>
 #include <string_view>
 #include <vector>
 
 #include "common/cpu_features.h"
-#include "common/file_util.h"
 #include "common/memory_info.h"
 #include "common/timer.h"
 #include "distca/pingpong.h"
@@ -351,17 +349,7 @@ Status Train(Comm& comm, const TrainOptions& options, const std::function<void(c
   DISTCA_RETURN_IF_ERROR(BatchStream::Open(data, &stream));
   // A save directory that cannot be written is found before the first step,
   // not after the run has trained.
-  if (!o.save_dir.empty() && rank == 0) {
-    DISTCA_RETURN_IF_ERROR(CheckOutputDirectory(o.save_dir, "checkpoint directory"));
-    // Each save ends by writing DIR/latest.tmp and renaming it over
-    // DIR/latest, which a directory at either name blocks.
-    for (const char* name : {"latest", "latest.tmp"}) {
-      const std::string path = (std::filesystem::path(o.save_dir) / name).string();
-      std::error_code ec;
-      if (std::filesystem::is_directory(path, ec))
-        return Status::IoError(fmt::format("cannot write checkpoints to '{}': '{}' is a directory", o.save_dir, path));
-    }
-  }
+  if (!o.save_dir.empty() && rank == 0) DISTCA_RETURN_IF_ERROR(CheckCheckpointDirectory(o.save_dir));
   if (stream->vocab_size() > o.model.vocab_size)
     return Status::InvalidArgument(fmt::format("the data's token ids go up to {} but the model's vocabulary is {}",
                                                stream->vocab_size() - 1, o.model.vocab_size));
