@@ -185,17 +185,24 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
     // active stage. One plan per nano-batch pools the stages' attention over
     // every server, but each stage's documents stay on its own G ranks.
     std::vector<std::vector<std::vector<int64_t>>> parts(2, std::vector<std::vector<int64_t>>(active.size()));
-    int64_t nano_tokens[2] = {0, 0};
+    bool split = false;  // some stage's wave has a second nano-batch
+    // Every stage whose wave is in a nano-batch gives each of its own ranks
+    // a token there (as distca-train requires; the stage's documents stay on
+    // its ranks, so the stages are checked one by one, not pooled). A wave
+    // of one document is in the first only: its ranks serve attention in
+    // the second, as an idle stage's do.
+    bool every_rank_a_token = true;
     for (size_t a = 0; a < active.size(); ++a) {
       const std::vector<std::vector<int64_t>>& wave = nanos[tick - active[a]];
       for (size_t n = 0; n < wave.size(); ++n) {
+        if (wave[n].empty()) continue;
         parts[n][a] = wave[n];
-        nano_tokens[n] += Sum(wave[n]);
+        if (Sum(wave[n]) < G) every_rank_a_token = false;
+        if (n == 1) split = true;
       }
     }
-    // Nothing to overlap with, or too few tokens to give every rank one in
-    // each nano-batch (as distca-train requires): one plan of whole waves.
-    if (nano_tokens[1] == 0 || nano_tokens[0] < plan_ranks || nano_tokens[1] < plan_ranks) {
+    // Nothing to overlap with, or too few tokens: one plan of whole waves.
+    if (!split || !every_rank_a_token) {
       for (size_t a = 0; a < active.size(); ++a) parts[0][a] = waves[tick - active[a]];
       parts.pop_back();
     }

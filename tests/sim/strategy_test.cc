@@ -958,6 +958,32 @@ TEST(CadTest, EachStageKeepsItsWaveOnItsOwnRanks) {
     EXPECT_NEAR(out.memory_bytes[r] - out.buffer_bytes[r], last, last * kRel) << r;
 }
 
+TEST(CadTest, EveryStageGivesEachOfItsRanksATokenInEachNanoBatch) {
+  // pp 2, 2 ranks a stage, {1024, 1, 1024, 1024} balanced by tokens into
+  // waves {1024, 1024} and {1024, 1}, each cut into nano-batches {1024} and
+  // the rest. Tick 0: stage 0's wave 0, two plans. Tick 1: stage 1's wave
+  // 0 and stage 0's wave 1, whose second nano-batch ({1}) cannot give both
+  // of stage 0's ranks a token: one plan of whole waves, although the
+  // stages' second nano-batches hold 1025 tokens for 4 ranks together.
+  // Tick 2: stage 1's wave 1, one plan for the same reason.
+  SimOptions o = TestOptions();
+  o.gpus = 8;
+  o.pp = 2;
+  o.micro_batches = 2;
+  const sim::SimContext ctx(o);
+  sim::BatchOutcome out;
+  ASSERT_TRUE(sim::SimulateDistca(ctx, {1024, 1, 1024, 1024}, 1, &out).ok());
+  EXPECT_EQ(out.plans, 2 + 1 + 1);
+  // A stage whose wave is one document runs it in the first nano-batch;
+  // its ranks serve attention in the second: waves {2048} and {1024, 1024}
+  // (from {2048, 1024, 1024}). Tick 0 (wave {2048} alone) has nothing to
+  // overlap: one plan; tick 1 two, stage 1's ranks holding nothing in the
+  // second (the stages' second nano-batches pooled, 1024 tokens for 4
+  // ranks, ran it as one); tick 2 two.
+  ASSERT_TRUE(sim::SimulateDistca(ctx, {2048, 1024, 1024}, 1, &out).ok());
+  EXPECT_EQ(out.plans, 1 + 2 + 2);
+}
+
 TEST(CadTest, DistcaBalancesItsWavesByTokensWithPipelineStages) {
   // pp 2, two waves of nominally 2048 tokens from {1536, 1536, 512, 512}:
   // cut in order (distca-paper) they hold 1536 and 2560 tokens, balanced
