@@ -1091,6 +1091,43 @@ TEST(CadTest, WithPipelineStagesTheFastestDegreeThatFits) {
   }
 }
 
+TEST(CadTest, WithPipelineStagesADegreeTheBudgetRulesOutIsSkipped) {
+  // 8 devices, tp 2, pp 2 (G = 2 ranks a stage), B = 2 chunks of 1024:
+  // {750, 274, 750, 274}. At c = 1 one wave of all four, at c = 2 two
+  // waves of two; the nano-batches cut a document over a stage's two ranks,
+  // and the second needs its K/V prefix from the first: what the layout
+  // alone moves in one exchange, more at c = 1 than at c = 2. A budget of
+  // 50,000 bytes a device (100,000 a rank) lies between: c = 1 cannot run
+  // (FailedPrecondition), c = 2 runs with eps raised, and Simulate goes on
+  // from the first to the second. Without a budget both run.
+  SimOptions o = TestOptions();
+  o.gpus = 8;
+  o.pp = 2;
+  o.batch_size = 2;
+  const std::vector<int64_t> batch = {750, 274, 750, 274};
+  o.comm_budget = 50'000;
+  sim::BatchOutcome at2;
+  {
+    const sim::SimContext ctx(o);
+    sim::BatchOutcome at1;
+    const Status st1 = sim::SimulateDistca(ctx, batch, 1, &at1);
+    EXPECT_EQ(st1.code(), StatusCode::kFailedPrecondition) << st1.ToString();
+    EXPECT_TRUE(Contains(st1, "below what the linear layout alone moves")) << st1.ToString();
+    const Status st2 = sim::SimulateDistca(ctx, batch, 2, &at2);
+    ASSERT_TRUE(st2.ok()) << st2.ToString();
+    EXPECT_GT(at2.tolerance_sum / at2.plans, o.tolerance);  // the budget binds
+  }
+  const SimResult r = SimulateOne(o, {batch}, SimStrategy::kDistca);
+  EXPECT_EQ(r.cp, 2);
+  EXPECT_DOUBLE_EQ(r.iteration_s, at2.iteration_s);
+  o.comm_budget = 0;
+  const sim::SimContext unbounded(o);
+  for (int c : {1, 2}) {
+    sim::BatchOutcome out;
+    EXPECT_TRUE(sim::SimulateDistca(unbounded, batch, c, &out).ok()) << c;
+  }
+}
+
 TEST(PipelineStrategiesTest, OneFOneBAgainstAlignedTicks) {
   // 4 devices, tp 2, pp 2: one rank per stage, one layer per stage, m = 2.
   SimOptions o = TestOptions();
