@@ -181,9 +181,14 @@ struct Record {
 // Options a run can honour: thread counts one process can start, and head
 // shapes the CA engine takes (the table's largest task then holds a few GB).
 bool CheckOptions(const AttentionBenchOptions& o, std::string* error) {
-  for (int t : o.threads) {
+  for (size_t i = 0; i < o.threads.size(); ++i) {
+    const int t = o.threads[i];
     if (t < 1 || t > kMaxThreads) {
       *error = fmt::format("--threads {} is outside [1, {}]", t, kMaxThreads);
+      return false;
+    }
+    if (std::find(o.threads.begin(), o.threads.begin() + long(i), t) != o.threads.begin() + long(i)) {
+      *error = fmt::format("--threads lists {} twice (each count is measured once)", t);
       return false;
     }
   }

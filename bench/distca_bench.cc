@@ -35,15 +35,19 @@ int Run(int argc, char** argv) {
       ->delimiter(',');
   attention->add_option("--kernel", kernel, "auto, scalar, avx2 or avx512 (Default: auto)")
       ->check(CLI::IsMember({"auto", "scalar", "avx2", "avx512"}));
-  attention->add_option("--table-out", attn.table_out,
-                        "write the planner's cost table (CSV q_len,kv_len,seconds) instead of benchmarking");
+  attention
+      ->add_option("--table-out", attn.table_out,
+                   "write the planner's cost table (CSV q_len,kv_len,seconds) instead of benchmarking")
+      ->check(distca::cli::kPath);
   attention->add_option("--q-heads", attn.q_heads, "query heads in --table-out mode (Default: 8)")
       ->check(distca::cli::kPositive);
   attention->add_option("--kv-heads", attn.kv_heads, "KV heads in --table-out mode (Default: 2)")
       ->check(distca::cli::kPositive);
   attention->add_option("--head-dim", attn.head_dim, "head dimension in --table-out mode (Default: 128)")
       ->check(distca::cli::kPositive);
-  attention->add_option("--min-seconds", attn.min_seconds, "minimum time per measurement (Default: by mode)")
+  attention
+      ->add_option("--min-seconds", attn.min_seconds,
+                   "minimum time per measurement, at most 3600 (Default, or 0: by mode, 0.3 s short, 1 s full)")
       ->check(distca::cli::kNonNegative);
 
   distca::bench::PlanBenchOptions plan;
@@ -66,7 +70,8 @@ int Run(int argc, char** argv) {
   dispatcher->add_option("--ranks", dispatch.local_ranks, "local ranks when not under mpirun (Default: 4)")
       ->check(distca::cli::kPositive);
   dispatcher->add_option("--lengths", dispatch.lengths_file, "document-length pool")->check(CLI::ExistingFile);
-  dispatcher->add_option("--trace", dispatch.trace_file, "write the ping-pong run as Chrome trace JSON");
+  dispatcher->add_option("--trace", dispatch.trace_file, "write the ping-pong run as Chrome trace JSON")
+      ->check(distca::cli::kPath);
 
   distca::bench::TrainBenchOptions train;
   CLI::App* trainer = app.add_subcommand(
@@ -81,10 +86,13 @@ int Run(int argc, char** argv) {
       "profile",
       "measure this machine and write a hardware profile for distca-sim, checked against training steps (run "
       "under mpirun -np 2 for MPI)");
-  profiler->add_option("--out", profile.out, "profile JSON to write (the attention table goes next to it)")->required();
+  profiler->add_option("--out", profile.out, "profile JSON to write (the attention table goes next to it)")
+      ->required()
+      ->check(distca::cli::kPath);
   profiler->add_option("--name", profile.name, "the profile's name (Default: the file's stem)");
   profiler->add_option("--model", profile.model, "distca-train model preset the steps train (Default: small)");
-  profiler->add_option("--reps", profile.reps, "runs per mix and mode (Default: 3)")->check(distca::cli::kPositive);
+  profiler->add_option("--reps", profile.reps, "runs per mix and mode, at most 100 (Default: 3)")
+      ->check(CLI::Range(1, distca::bench::kMaxProfileReps));
   profiler->add_flag("--short", profile.short_mode, "CI mode: tiny model, 4096 tokens per rank, one run");
   profiler->add_flag("--json", profile.json, "one JSON object instead of a table");
   profiler->add_option("--ranks", profile.local_ranks, "local ranks when not under mpirun (Default: 2)")
@@ -121,6 +129,14 @@ int Run(int argc, char** argv) {
       std::fprintf(stderr, "distca-bench profile: --short fixes the model (tiny) and the runs (1); drop %s\n", flag);
       return 2;
     }
+  // The attention and planner benchmarks time one process: under mpirun
+  // every process would run and print them, timed against each other.
+  if (distca::LaunchedByMpirun())
+    for (CLI::App* sub : {attention, planner})
+      if (sub->parsed()) {
+        std::fprintf(stderr, "distca-bench %s: runs in one process, not under mpirun\n", sub->get_name().c_str());
+        return 2;
+      }
   if (distca::LaunchedByMpirun())
     for (CLI::App* sub : {dispatcher, trainer, profiler})
       if (sub->parsed() && sub->count("--ranks") > 0) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <numeric>
 
 #include "common/timer.h"
 #include "distca/plan.h"
@@ -12,6 +13,11 @@
 
 namespace distca::bench {
 namespace {
+
+// The most documents in one batch: both policies plan each of them (2^22,
+// as distca-sim allows; a pool of one-token documents made batches of 16M
+// at 512 ranks, 6 GB and minutes before any line printed).
+constexpr int64_t kMaxBatchDocuments = int64_t{1} << 22;
 
 struct Summary {
   int batches = 0;
@@ -44,6 +50,25 @@ bool RunPlanBench(const PlanBenchOptions& o, std::string* error) {
   const PlanModel model;  // Llama-3-8B shapes, bf16
   const CostModel cost = CostModel::Flops(model);
 
+  // Batches of the pool's mean length, at the largest rank count: refused
+  // before anything prints (each batch is checked again once sampled).
+  {
+    std::vector<int64_t> docs;
+    if (s = RecipeDocuments(pool, recipe, &docs); !s.ok()) {
+      *error = s.ToString();
+      return false;
+    }
+    const double mean = double(std::accumulate(docs.begin(), docs.end(), int64_t{0})) / double(docs.size());
+    const int most_ranks = std::max_element(ranks_and_batches.begin(), ranks_and_batches.end())->first;
+    const double per_batch = double(most_ranks) * double(tokens_per_rank) / mean;
+    if (per_batch > double(kMaxBatchDocuments)) {
+      *error = fmt::format(
+          "{}: documents of {:.3g} tokens on average (after the recipe) make batches of about {:.3g} documents at {} "
+          "ranks, above the limit of {}: use a pool of longer documents",
+          o.lengths_file, mean, per_batch, most_ranks, kMaxBatchDocuments);
+      return false;
+    }
+  }
   if (!o.json) {
     fmt::print(
         "distca-bench plan: Pretrain recipe (upsample 4, filter 0.5, elongate 4), 128K tokens per rank,\n"
@@ -63,6 +88,12 @@ bool RunPlanBench(const PlanBenchOptions& o, std::string* error) {
       *error = s.ToString();
       return false;
     }
+    for (size_t b = 0; b < batches.size(); ++b)
+      if (int64_t(batches[b].size()) > kMaxBatchDocuments) {
+        *error = fmt::format("{} ranks, batch {}: {} documents, above the limit of {}: use a pool of longer documents",
+                             ranks, b, batches[b].size(), kMaxBatchDocuments);
+        return false;
+      }
     std::map<PlanPolicy, Summary> sums;
     const auto options_for = [&](PlanPolicy policy) {
       PlanOptions po;

@@ -20,6 +20,7 @@
 #include "common/file_util.h"
 #include "common/memory_info.h"
 #include "common/timer.h"
+#include "distca/comm.h"
 #include "distca/plan.h"
 #include "distca/sim.h"
 
@@ -80,6 +81,15 @@ bool RunProfileBench(const ProfileBenchOptions& o, std::string* error) {
     *error = fmt::format("--out must name a JSON file, got '{}'", o.out);
     return false;
   }
+  // The local backend's ranks are known now (under mpirun, once started).
+  if (!LaunchedByMpirun() && o.local_ranks < 2) {
+    *error = fmt::format("needs at least 2 ranks to measure a link, got {}", o.local_ranks);
+    return false;
+  }
+  if (o.reps < 1 || o.reps > kMaxProfileReps) {
+    *error = fmt::format("--reps must be in [1, {}], got {}", kMaxProfileReps, o.reps);
+    return false;
+  }
   ModelConfig model;
   if (const Status s = ModelPreset(o.short_mode ? "tiny" : o.model, &model); !s.ok()) {
     *error = s.ToString();
@@ -98,6 +108,13 @@ bool RunProfileBench(const ProfileBenchOptions& o, std::string* error) {
       return false;
     }
   }
+  // The three files it writes, before minutes of measuring (a directory
+  // there was found only at the end, the tables already written).
+  for (const std::filesystem::path& path : {out, table_path, forward_table_path})
+    if (const Status s = CheckOutputPath(path.string()); !s.ok()) {
+      *error = s.ToString();
+      return false;
+    }
   const int reps = o.short_mode ? 1 : o.reps;
   const int64_t tokens_per_rank = o.short_mode ? 4096 : 8192;
   CommOptions co;

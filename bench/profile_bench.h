@@ -10,6 +10,9 @@
 
 namespace distca::bench {
 
+// The most runs per mix and mode: each is a few training runs of every mix.
+inline constexpr int kMaxProfileReps = 100;
+
 struct ProfileBenchOptions {
   std::string out;              // profile JSON to write; the table goes next to it (STEM-attention.csv)
   std::string name;             // the profile's "name"; Default: the file's stem
@@ -18,7 +21,7 @@ struct ProfileBenchOptions {
   // table (refuses --model and --reps). Default: false
   bool short_mode = false;
   bool json = false;    // one JSON object (the profile's figures and the check) instead of a table. Default: false
-  int reps = 3;         // runs per mix and mode (short mode: 1). Default: 3
+  int reps = 3;         // runs per mix and mode, 1 to kMaxProfileReps (short mode: 1). Default: 3
   int local_ranks = 2;  // ranks when not launched by mpirun. Default: 2
 };
 

@@ -78,7 +78,10 @@ std::vector<TrainMix> TrainMixes(int ranks, int64_t t) {
       graded.lengths.push_back(t * 3 / 4);
       repeat(&graded.lengths, t / 16, t / 4);
     } else {
-      repeat(&graded.lengths, std::max<int64_t>(128, t / (8 << (r - 1))), t);
+      // t / 2^(r + 2), shifted in 64 bits (an int's 8 << (r - 1) overflows
+      // from 29 ranks on and divided by zero at 31).
+      const int64_t len = r + 2 < 63 ? t >> (r + 2) : 0;
+      repeat(&graded.lengths, std::max<int64_t>(128, len), t);
     }
   }
   mixes.push_back(graded);
@@ -117,6 +120,10 @@ bool RunTrainBench(const TrainBenchOptions& o, std::string* error) {
   const int reps = o.short_mode ? 1 : 3;
   Status s = RunOnRanks(co, [&](Comm& comm) -> Status {
     const bool root = comm.rank() == 0;
+    // One rank has nothing to balance: every mix would be one rank's work.
+    if (comm.size() < 2)
+      return Status::InvalidArgument(
+          fmt::format("compares colocated and CAD attention across ranks: needs at least 2, got {}", comm.size()));
     TrainOptions base;
     DISTCA_RETURN_IF_ERROR(ModelPreset(o.short_mode ? "tiny" : "small", &base.model));
     base.steps = steps;

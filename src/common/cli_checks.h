@@ -10,55 +10,52 @@
 #include <exception>
 #include <initializer_list>
 #include <regex>
+#include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace distca::cli {
 
+// The validators' reading of a number: "" with *v set, or why it is not
+// one ("1e400" is out of range, not "not a number").
+inline std::string ReadNumber(const std::string& s, double* v) {
+  try {
+    *v = std::stod(s);
+    return "";
+  } catch (const std::out_of_range&) {
+    return "is out of range for a double, got " + s;
+  } catch (...) {
+    return "must be a number, got '" + s + "'";
+  }
+}
+
+// A validator accepting the numbers for which `ok` holds, else "<why>, got S".
+template <class Pred>
+CLI::Validator NumberValidator(Pred ok, std::string why, std::string name) {
+  return CLI::Validator(
+      [ok, why](std::string& s) -> std::string {
+        double v = 0;
+        if (std::string e = ReadNumber(s, &v); !e.empty()) return e;
+        return ok(v) ? "" : why + ", got " + s;
+      },
+      std::move(name));
+}
+
 // Accepts numbers > 0 ("must be positive, got 0").
-inline const CLI::Validator kPositive(
-    [](std::string& s) -> std::string {
-      try {
-        return std::stod(s) > 0 ? "" : "must be positive, got " + s;
-      } catch (...) {
-        return "must be a number, got '" + s + "'";
-      }
-    },
-    "POSITIVE");
+inline const CLI::Validator kPositive = NumberValidator([](double v) { return v > 0; }, "must be positive", "POSITIVE");
 
 // Accepts numbers a float holds (|x| <= FLT_MAX): options stored as float
 // would otherwise turn 1e308 into infinity.
-inline const CLI::Validator kFitsFloat(
-    [](std::string& s) -> std::string {
-      try {
-        return std::abs(std::stod(s)) <= 3.4028234663852886e38 ? "" : "is beyond the range of a float, got " + s;
-      } catch (...) {
-        return "must be a number, got '" + s + "'";
-      }
-    },
-    "FLOAT");
+inline const CLI::Validator kFitsFloat = NumberValidator([](double v) { return std::abs(v) <= 3.4028234663852886e38; },
+                                                         "is beyond the range of a float", "FLOAT");
 
 // Accepts numbers >= 0.
-inline const CLI::Validator kNonNegative(
-    [](std::string& s) -> std::string {
-      try {
-        return std::stod(s) >= 0 ? "" : "must be >= 0, got " + s;
-      } catch (...) {
-        return "must be a number, got '" + s + "'";
-      }
-    },
-    "NON-NEGATIVE");
+inline const CLI::Validator kNonNegative =
+    NumberValidator([](double v) { return v >= 0; }, "must be >= 0", "NON-NEGATIVE");
 
 // Accepts a share: numbers in (0, 1].
-inline const CLI::Validator kShare(
-    [](std::string& s) -> std::string {
-      try {
-        const double v = std::stod(s);
-        return v > 0 && v <= 1 ? "" : "must be in (0, 1], got " + s;
-      } catch (...) {
-        return "must be a number in (0, 1], got '" + s + "'";
-      }
-    },
-    "SHARE");
+inline const CLI::Validator kShare =
+    NumberValidator([](double v) { return v > 0 && v <= 1; }, "must be in (0, 1]", "SHARE");
 
 // Accepts a non-empty path: an empty one ("$UNSET_VAR") would otherwise turn
 // an option off silently (--load "" starting from scratch).
