@@ -50,7 +50,13 @@ class LengthsReader {
   // SAX events. Every one returns false, with error_ set, to stop.
   bool null() { return NotALength(); }
   bool boolean(bool) { return NotALength(); }
-  bool number_float(double, const std::string&) { return NotALength(); }
+  // A whole number past uint64 reaches here as a float: too long, not "not
+  // an integer".
+  bool number_float(double, const std::string& text) {
+    if (!text.empty() && std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      return TooLong(text);
+    return NotALength();
+  }
   bool string(std::string&) { return NotALength(); }
   bool binary(Json::binary_t&) { return NotALength(); }
   bool number_integer(int64_t v) {

@@ -34,6 +34,10 @@ TEST(WorkloadTest, RejectsBadFiles) {
   EXPECT_TRUE(Contains(ParseBatchesJson(R"({"batches": [[1], []]})", &batches), "batches[1] is empty"));
   EXPECT_TRUE(Contains(ParseBatchesJson(R"({"batches": [[1, "x"]]})", &batches), "batches[0][1]"));
   EXPECT_TRUE(Contains(ParseLengthsJson("[3, 2147483649]", &lengths), "lengths[1] = 2147483649 is longer"));
+  // Past uint64 the JSON reader has a float: still too long, not "not an integer".
+  EXPECT_TRUE(Contains(ParseLengthsJson("[3, 99999999999999999999999]", &lengths),
+                       "lengths[1] = 99999999999999999999999 is longer"));
+  EXPECT_TRUE(Contains(ParseLengthsJson("[3, 1e30]", &lengths), "lengths[1] is not an integer length"));
   // A docs file holds at most kMaxSampledBatches batches (each costs a list
   // of its own, whatever its lengths).
   const auto docs_with = [](int n) {
