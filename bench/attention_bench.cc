@@ -187,8 +187,9 @@ bool CheckOptions(const AttentionBenchOptions& o, std::string* error) {
       *error = fmt::format("--threads {} is outside [1, {}]", t, kMaxThreads);
       return false;
     }
-    if (std::find(o.threads.begin(), o.threads.begin() + long(i), t) != o.threads.begin() + long(i)) {
-      *error = fmt::format("--threads lists {} twice (each count is measured once)", t);
+    const auto before = o.threads.begin() + std::ptrdiff_t(i);
+    if (std::find(o.threads.begin(), before, t) != before) {
+      *error = fmt::format("--threads lists {} more than once (each count is measured once)", t);
       return false;
     }
   }

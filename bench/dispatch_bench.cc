@@ -12,6 +12,7 @@
 #include "common/file_util.h"
 #include "common/memory_info.h"
 #include "common/timer.h"
+#include "distca/comm.h"
 #include "distca/pingpong.h"
 #include "distca/workload.h"
 #include "oneapi/dnnl/dnnl.h"
@@ -141,14 +142,25 @@ bool RunDispatchBench(const DispatchBenchOptions& o, std::string* error) {
   std::string backend;
   int ranks = 0;
   Tracer tracer;  // shared by the local backend's rank threads
-  s = RunOnRanks(co, [&](Comm& comm) -> Status {
-    // Ranks on one machine share its memory (the local backend's all live
-    // in this process): refused before they allocate, not by the OOM killer.
-    const double need = kBytesPerToken * double(tokens_per_rank) * comm.machine_ranks();
+  // Ranks on one machine share its memory (the local backend's all live in
+  // this process): refused before they allocate, not by the OOM killer;
+  // the local backend's before its ranks start.
+  const auto check_memory = [&](int machine_ranks) -> Status {
+    const double need = kBytesPerToken * double(tokens_per_rank) * machine_ranks;
     if (const double ram = PhysicalMemoryBytes(); ram > 0 && need > ram)
       return Status::InvalidArgument(
           fmt::format("{} ranks on this machine at {} tokens each need about {:.3g} GB, more than its RAM ({:.3g} GB)",
-                      comm.machine_ranks(), tokens_per_rank, need * 1e-9, ram * 1e-9));
+                      machine_ranks, tokens_per_rank, need * 1e-9, ram * 1e-9));
+    return Status::Ok();
+  };
+  if (!LaunchedByMpirun()) {
+    if (s = check_memory(o.local_ranks); !s.ok()) {
+      *error = s.ToString();
+      return false;
+    }
+  }
+  s = RunOnRanks(co, [&](Comm& comm) -> Status {
+    DISTCA_RETURN_IF_ERROR(check_memory(comm.machine_ranks()));
     omp_set_num_threads(1);  // one thread per rank
     if (comm.rank() == 0) {
       backend = comm.backend();

@@ -47,7 +47,8 @@ int Run(int argc, char** argv) {
       ->check(distca::cli::kPositive);
   attention
       ->add_option("--min-seconds", attn.min_seconds,
-                   "minimum time per measurement, at most 3600 (Default, or 0: by mode, 0.3 s short, 1 s full)")
+                   "minimum time per measurement, at most 3600 (Default, or 0: by mode: 0.3 s short, 1 s full; "
+                   "--table-out 0.02 s and 0.2 s)")
       ->check(distca::cli::kNonNegative);
 
   distca::bench::PlanBenchOptions plan;
@@ -134,7 +135,8 @@ int Run(int argc, char** argv) {
   if (distca::LaunchedByMpirun())
     for (CLI::App* sub : {attention, planner})
       if (sub->parsed()) {
-        std::fprintf(stderr, "distca-bench %s: runs in one process, not under mpirun\n", sub->get_name().c_str());
+        std::fprintf(stderr, "distca-bench %s: runs in one process, not under mpirun (start it without mpirun)\n",
+                     sub->get_name().c_str());
         return 2;
       }
   if (distca::LaunchedByMpirun())

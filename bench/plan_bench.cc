@@ -9,15 +9,16 @@
 
 #include "common/timer.h"
 #include "distca/plan.h"
+#include "distca/sim.h"
 #include "distca/workload.h"
 
 namespace distca::bench {
 namespace {
 
-// The most documents in one batch: both policies plan each of them (2^22,
-// as distca-sim allows; a pool of one-token documents made batches of 16M
-// at 512 ranks, 6 GB and minutes before any line printed).
-constexpr int64_t kMaxBatchDocuments = int64_t{1} << 22;
+// The most documents in one batch: both policies plan each of them. The
+// simulator's limit (a pool of one-token documents made batches of 16M at
+// 512 ranks, 6 GB and minutes before any line printed).
+constexpr int64_t kMaxBatchDocuments = kMaxSimBatchDocuments;
 
 struct Summary {
   int batches = 0;
@@ -54,12 +55,13 @@ bool RunPlanBench(const PlanBenchOptions& o, std::string* error) {
   // before anything prints (each batch is checked again once sampled).
   {
     std::vector<int64_t> docs;
+    const int most_ranks = std::max_element(ranks_and_batches.begin(), ranks_and_batches.end())->first;
+    recipe.seed = o.seed + uint64_t(most_ranks);  // as that run samples
     if (s = RecipeDocuments(pool, recipe, &docs); !s.ok()) {
       *error = s.ToString();
       return false;
     }
     const double mean = double(std::accumulate(docs.begin(), docs.end(), int64_t{0})) / double(docs.size());
-    const int most_ranks = std::max_element(ranks_and_batches.begin(), ranks_and_batches.end())->first;
     const double per_batch = double(most_ranks) * double(tokens_per_rank) / mean;
     if (per_batch > double(kMaxBatchDocuments)) {
       *error = fmt::format(

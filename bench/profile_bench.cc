@@ -66,6 +66,9 @@ Status AloneOnRankZero(Comm& comm, const std::function<Status()>& measure) {
   return done.Wait();
 }
 
+// Why a profile with fewer than 2 ranks cannot run.
+std::string TooFewRanks(int ranks) { return fmt::format("needs at least 2 ranks to measure a link, got {}", ranks); }
+
 struct MixResult {
   std::string name;
   double colocated_s = 0, cad_s = 0;                      // measured medians
@@ -83,7 +86,7 @@ bool RunProfileBench(const ProfileBenchOptions& o, std::string* error) {
   }
   // The local backend's ranks are known now (under mpirun, once started).
   if (!LaunchedByMpirun() && o.local_ranks < 2) {
-    *error = fmt::format("needs at least 2 ranks to measure a link, got {}", o.local_ranks);
+    *error = TooFewRanks(o.local_ranks);
     return false;
   }
   if (o.reps < 1 || o.reps > kMaxProfileReps) {
@@ -121,8 +124,7 @@ bool RunProfileBench(const ProfileBenchOptions& o, std::string* error) {
   co.local_ranks = o.local_ranks;
   Status s = RunOnRanks(co, [&](Comm& comm) -> Status {
     const bool root = comm.rank() == 0;
-    if (comm.size() < 2)
-      return Status::InvalidArgument(fmt::format("needs at least 2 ranks to measure a link, got {}", comm.size()));
+    if (comm.size() < 2) return Status::InvalidArgument(TooFewRanks(comm.size()));
     // The profile's devices are one core each; more local ranks than cores
     // would time the wait for a core too.
     const unsigned cores = std::thread::hardware_concurrency();

@@ -78,8 +78,8 @@ std::vector<TrainMix> TrainMixes(int ranks, int64_t t) {
       graded.lengths.push_back(t * 3 / 4);
       repeat(&graded.lengths, t / 16, t / 4);
     } else {
-      // t / 2^(r + 2), shifted in 64 bits (an int's 8 << (r - 1) overflows
-      // from 29 ranks on and divided by zero at 31).
+      // t / 2^(r + 2), shifted in 64 bits (an int's 8 << (r - 1) overflowed
+      // at rank 29, from 30 ranks on, and divided by zero from 31).
       const int64_t len = r + 2 < 63 ? t >> (r + 2) : 0;
       repeat(&graded.lengths, std::max<int64_t>(128, len), t);
     }

@@ -10,52 +10,55 @@
 #include <exception>
 #include <initializer_list>
 #include <regex>
-#include <stdexcept>
 #include <string>
 #include <utility>
 
 namespace distca::cli {
 
 // The validators' reading of a number: "" with *v set, or why it is not
-// one ("1e400" is out of range, not "not a number").
-inline std::string ReadNumber(const std::string& s, double* v) {
-  try {
-    *v = std::stod(s);
-    return "";
-  } catch (const std::out_of_range&) {
-    return "is out of range for a double, got " + s;
-  } catch (...) {
-    return "must be a number, got '" + s + "'";
-  }
+// one. A magnitude past the largest double ("1e400") is out of range, not
+// "not a number"; one below the smallest reads as 0 or a subnormal.
+inline std::string ReadNumber(const std::string& s, const std::string& not_a_number, double* v) {
+  const char* begin = s.c_str();
+  char* end = nullptr;
+  errno = 0;
+  const double x = std::strtod(begin, &end);
+  // What follows the number is StrictNumbers' to refuse, with its message.
+  if (end == begin) return not_a_number + ", got '" + s + "'";
+  if (errno == ERANGE && std::isinf(x)) return "is out of range for a double, got " + s;
+  *v = x;
+  return "";
 }
 
-// A validator accepting the numbers for which `ok` holds, else "<why>, got S".
+// A validator accepting the numbers for which `ok` holds, else "<why>, got S";
+// a string that is no number gets "<not_a_number>, got 'S'".
 template <class Pred>
-CLI::Validator NumberValidator(Pred ok, std::string why, std::string name) {
+CLI::Validator NumberValidator(Pred ok, std::string why, std::string not_a_number, std::string name) {
   return CLI::Validator(
-      [ok, why](std::string& s) -> std::string {
+      [ok, why, not_a_number](std::string& s) -> std::string {
         double v = 0;
-        if (std::string e = ReadNumber(s, &v); !e.empty()) return e;
+        if (std::string e = ReadNumber(s, not_a_number, &v); !e.empty()) return e;
         return ok(v) ? "" : why + ", got " + s;
       },
       std::move(name));
 }
 
 // Accepts numbers > 0 ("must be positive, got 0").
-inline const CLI::Validator kPositive = NumberValidator([](double v) { return v > 0; }, "must be positive", "POSITIVE");
+inline const CLI::Validator kPositive =
+    NumberValidator([](double v) { return v > 0; }, "must be positive", "must be a number", "POSITIVE");
 
 // Accepts numbers a float holds (|x| <= FLT_MAX): options stored as float
 // would otherwise turn 1e308 into infinity.
 inline const CLI::Validator kFitsFloat = NumberValidator([](double v) { return std::abs(v) <= 3.4028234663852886e38; },
-                                                         "is beyond the range of a float", "FLOAT");
+                                                         "is beyond the range of a float", "must be a number", "FLOAT");
 
 // Accepts numbers >= 0.
 inline const CLI::Validator kNonNegative =
-    NumberValidator([](double v) { return v >= 0; }, "must be >= 0", "NON-NEGATIVE");
+    NumberValidator([](double v) { return v >= 0; }, "must be >= 0", "must be a number", "NON-NEGATIVE");
 
 // Accepts a share: numbers in (0, 1].
-inline const CLI::Validator kShare =
-    NumberValidator([](double v) { return v > 0 && v <= 1; }, "must be in (0, 1]", "SHARE");
+inline const CLI::Validator kShare = NumberValidator([](double v) { return v > 0 && v <= 1; }, "must be in (0, 1]",
+                                                     "must be a number in (0, 1]", "SHARE");
 
 // Accepts a non-empty path: an empty one ("$UNSET_VAR") would otherwise turn
 // an option off silently (--load "" starting from scratch).

@@ -50,12 +50,16 @@ class LengthsReader {
   // SAX events. Every one returns false, with error_ set, to stop.
   bool null() { return NotALength(); }
   bool boolean(bool) { return NotALength(); }
-  // A whole number past uint64 reaches here as a float: too long, not "not
-  // an integer".
+  // A whole number past the 64-bit integers reaches here as a float: too
+  // long, or (negative) not positive, rather than "not an integer".
   bool number_float(double, const std::string& text) {
-    if (!text.empty() && std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; }))
-      return TooLong(text);
-    return NotALength();
+    const bool negative = !text.empty() && text[0] == '-';
+    const auto digits = text.begin() + (negative ? 1 : 0);
+    if (digits == text.end() || !std::all_of(digits, text.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      return NotALength();
+    if (!negative) return TooLong(text);
+    if (depth_ != ListDepth()) return NotALength();
+    return Fail(fmt::format("{} = {}: lengths must be positive", At(), text));
   }
   bool string(std::string&) { return NotALength(); }
   bool binary(Json::binary_t&) { return NotALength(); }

@@ -9,8 +9,9 @@ namespace distca {
 namespace {
 
 TEST(TrainMixesTest, EveryMixFillsEveryRankAtAnyRankCount) {
-  // The graded mix's lengths fall as t / 2^(r + 2) with the rank: its
-  // shift once overflowed an int from 29 ranks on and divided by zero at 31.
+  // The graded mix's lengths fall as t / 2^(r + 2) with the rank r: its
+  // shift once overflowed an int at rank 29 (30 ranks) and divided by zero
+  // from 31 ranks on.
   for (int ranks : {2, 3, 29, 30, 31, 64, 1024}) {
     for (int64_t t : {int64_t{2048}, int64_t{8192}}) {
       const std::vector<bench::TrainMix> mixes = bench::TrainMixes(ranks, t);

@@ -38,6 +38,8 @@ TEST(WorkloadTest, RejectsBadFiles) {
   EXPECT_TRUE(Contains(ParseLengthsJson("[3, 99999999999999999999999]", &lengths),
                        "lengths[1] = 99999999999999999999999 is longer"));
   EXPECT_TRUE(Contains(ParseLengthsJson("[3, 1e30]", &lengths), "lengths[1] is not an integer length"));
+  EXPECT_TRUE(Contains(ParseLengthsJson("[3, -99999999999999999999999]", &lengths),
+                       "lengths[1] = -99999999999999999999999: lengths must be positive"));
   // A docs file holds at most kMaxSampledBatches batches (each costs a list
   // of its own, whatever its lengths).
   const auto docs_with = [](int n) {

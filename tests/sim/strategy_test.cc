@@ -974,13 +974,13 @@ TEST(CadTest, EveryStageGivesEachOfItsRanksATokenInEachNanoBatch) {
   sim::BatchOutcome out;
   ASSERT_TRUE(sim::SimulateDistca(ctx, {1024, 1, 1024, 1024}, 1, &out).ok());
   EXPECT_EQ(out.plans, 2 + 1 + 1);
-  // A stage whose wave is one document runs it in the first nano-batch;
-  // its ranks serve attention in the second: waves {2048} and {1024, 1024}
-  // (from {2048, 1024, 1024}). Tick 0 (wave {2048} alone) has nothing to
-  // overlap: one plan; tick 1 two, stage 1's ranks holding nothing in the
-  // second (the stages' second nano-batches pooled, 1024 tokens for 4
-  // ranks, ran it as one); tick 2 two.
-  ASSERT_TRUE(sim::SimulateDistca(ctx, {2048, 1024, 1024}, 1, &out).ok());
+  // A stage whose wave is one document runs it in the first nano-batch, its
+  // ranks serving attention in the second: {2048, 1024, 2} balanced into
+  // waves {2048} and {1024, 2}, the second cut into {1024} and {2}. Tick 0
+  // (wave {2048} alone) has nothing to overlap: one plan. Tick 1: stage 0's
+  // {2} gives each of its 2 ranks a token: two plans (pooled with stage
+  // 1's empty part, 2 tokens for 4 ranks, it had run whole). Tick 2: two.
+  ASSERT_TRUE(sim::SimulateDistca(ctx, {2048, 1024, 2}, 1, &out).ok());
   EXPECT_EQ(out.plans, 1 + 2 + 2);
 }
 
