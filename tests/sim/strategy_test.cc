@@ -922,6 +922,15 @@ TEST(CadTest, NominalMemoryTakesTheLargerOfTheFirstAndLastStage) {
   EXPECT_NEAR(sim::CadMemoryBytes(sim::SimContext(o), 1), last_v, last_v * kRel);
 }
 
+// 8 devices as pp 2 stages of 2 ranks (tp 2), two micro-batches.
+SimOptions TwoStagesOfTwoRanks() {
+  SimOptions o = TestOptions();
+  o.gpus = 8;
+  o.pp = 2;
+  o.micro_batches = 2;
+  return o;
+}
+
 TEST(CadTest, EachStageKeepsItsWaveOnItsOwnRanks) {
   // Two active stages of 2 ranks: stage 0's nano-batch {1536}, stage 1's
   // {256, 256}. Pooled into one linear layout they would hold 512 tokens a
@@ -945,10 +954,7 @@ TEST(CadTest, EachStageKeepsItsWaveOnItsOwnRanks) {
   // the tick where both stages are busy, the last stage's ranks hold wave
   // 0's 768 tokens a rank, which its memory (one wave in flight, its
   // logits) shows: 768 tokens, not the 512 of a pooled layout.
-  SimOptions o = TestOptions();
-  o.gpus = 8;
-  o.pp = 2;
-  o.micro_batches = 2;
+  const SimOptions o = TwoStagesOfTwoRanks();
   const sim::SimContext ctx(o);
   sim::BatchOutcome out;
   ASSERT_TRUE(sim::SimulateDistca(ctx, {1536, 512}, 1, &out).ok());
@@ -966,10 +972,7 @@ TEST(CadTest, EveryStageGivesEachOfItsRanksATokenInEachNanoBatch) {
   // of stage 0's ranks a token: one plan of whole waves, although the
   // stages' second nano-batches hold 1025 tokens for 4 ranks together.
   // Tick 2: stage 1's wave 1, one plan for the same reason.
-  SimOptions o = TestOptions();
-  o.gpus = 8;
-  o.pp = 2;
-  o.micro_batches = 2;
+  const SimOptions o = TwoStagesOfTwoRanks();
   const sim::SimContext ctx(o);
   sim::BatchOutcome out;
   ASSERT_TRUE(sim::SimulateDistca(ctx, {1024, 1, 1024, 1024}, 1, &out).ok());
