@@ -175,6 +175,9 @@ int WriteChart(const std::string& base, const std::string& csv, const std::strin
 
 // Creates --out's directory.
 int MakeOutDir(const std::string& dir) {
+  // Writable, tried now: /sys/kernel was found only when the results were
+  // written, after the whole run.
+  if (const Status s = distca::CheckOutputDirectory(dir, "output directory"); !s.ok()) return Fail(s.message());
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return Fail(fmt::format("cannot create '{}': {}", dir, ec.message()));
@@ -196,6 +199,7 @@ int RunGrid(const Args& a, const std::vector<int64_t>& pool, const std::vector<d
   fmt::print("{} grid on {}, {} batches per configuration ({} packing)\n", a.paper_grid, a.sim.hardware.name, a.batches,
              a.packing);
   std::string csv = distca::GridCsvHeader();
+  bool any_over = false;  // some strategy at some point does not fit
   for (const distca::GridPoint& p : points) {
     SimOptions o = a.sim;
     s = distca::ModelPreset(p.model, &o.model);
@@ -215,14 +219,18 @@ int RunGrid(const Args& a, const std::vector<int64_t>& pool, const std::vector<d
     std::string line = fmt::format("{:<14}", p.Label());
     for (const SimResult& r : results) {
       csv += distca::GridCsvRow(p, r, o, a.packing);
-      line += fmt::format("  {} {:.3f}s {}", distca::SimStrategyName(r.strategy), r.iteration_s,
-                          r.speedup > 0 ? fmt::format("{:.3f}x", r.speedup) : "-");
+      // "!": the strategy needs more memory than a device has (the CSV's
+      // memory_fits 0), as in the tables.
+      line += fmt::format("  {} {:.3f}s{} {}", distca::SimStrategyName(r.strategy), r.iteration_s,
+                          r.memory_fits ? "" : "!", r.speedup > 0 ? fmt::format("{:.3f}x", r.speedup) : "-");
+      any_over |= !r.memory_fits;
     }
     fmt::print("{}\n", line);
     std::fflush(stdout);
   }
   fmt::print("grid: {} configurations x {} strategies in {:.1f} s\n", points.size(), strategies.size(),
              timer.Seconds());
+  if (any_over) fmt::print("!: needs more memory than a device has (memory_fits 0 in the CSV)\n");
   const std::string base = a.out_dir + "/grid_" + a.paper_grid;
   const std::string png = a.out_dir + "/speedup_" + a.paper_grid + ".png";
   if (!chart) {
@@ -525,6 +533,27 @@ int Run(int argc, char** argv) {
           "--tolerance-sweep");
     const bool fixed_tp = app.count("--tp") > 0, fixed_pp = app.count("--pp") > 0;
     if (fixed_tp && fixed_pp) return Fail("--search with both --tp and --pp has nothing to choose");
+    // A strategy's own flag that rules shapes out would rule them out for
+    // every strategy searched (--cp 16 left CAD one shape; the no-resend
+    // wire, pp 1 only, left wlb-ideal pp 1: speedups over a baseline that
+    // was not searched).
+    const auto lists = [&](bool cad) {
+      return std::any_of(strategies.begin(), strategies.end(), [&](auto st) { return IsCadStrategy(st) == cad; });
+    };
+    if (app.count("--cp") > 0 && lists(true))
+      return Fail(
+          "--search with --cp would hold distca and distca-paper to the shapes whose ranks per stage it "
+          "divides: search without --cp, or with --strategies wlb-ideal,megatron");
+    if (o.cad_wire == distca::PlanWire::kDistcaArtifactNoResend && lists(false) && !(fixed_pp && o.pp == 1))
+      return Fail(
+          fmt::format("--search with --wire {} (pp 1 only) would hold the baselines to pp 1 too: search "
+                      "with --strategies distca-paper (or distca), or give --pp 1",
+                      distca::PlanWireName(*o.cad_wire)));
+    if (fixed_tp && o.hardware.gpus_per_node % o.tp != 0)
+      return Fail(
+          fmt::format("--search keeps a tensor-parallel group within a node: tp ({}) must divide the {} GPUs "
+                      "per node",
+                      o.tp, o.hardware.gpus_per_node));
     // Every shape, or those with the given tp (or pp). Validate (and
     // sample) at the first; the search tries them all.
     if (o.gpus == 0 || o.max_doc_len == 0 || o.batch_size == 0)

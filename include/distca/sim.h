@@ -305,10 +305,10 @@ inline constexpr int kMaxSimGpus = 8192;
 // mean over a run's plans finite.
 inline constexpr double kMaxSimTolerance = 1e6;
 // Micro-batches of one iteration over all replicas (given per replica,
-// --micro-batches m, up to m G at CP 1; or one per chunk, B): each costs
-// memory and a pipeline tick per batch (2^24: 8 s and 1.3 GB for one batch of
-// one stage; 5x that ran out of memory). Real schedules run tens to hundreds
-// per replica.
+// --micro-batches m, up to m G at CP 1; or one per chunk, B), and with pp > 1
+// that times pp (the pipeline slots the schedules keep): each costs memory and
+// a pipeline tick per batch (2^24: 8 s and 1.3 GB for one batch of one stage;
+// 5x that ran out of memory). Real schedules run tens to hundreds per replica.
 inline constexpr int64_t kMaxSimMicroBatches = int64_t{1} << 24;
 // Documents in one batch: every strategy packs, lays out and plans each of
 // them (2^26 one-token documents took minutes and GBs on 256 ranks). The
@@ -433,6 +433,10 @@ struct GridPoint {
   bool recompute_mlp = false;  // SimOptions::recompute_mlp
   std::string Label() const;   // e.g. "8B 128K 64"
 };
+
+// The largest grid elongate base (2^20): above it the grid's documents
+// shrink towards one token.
+inline constexpr int64_t kMaxGridElongateBase = int64_t{1} << 20;
 
 // How the grid samples its workload and forms micro-batches.
 struct GridRecipe {

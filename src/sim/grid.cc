@@ -34,6 +34,12 @@ Status PaperGrid(std::string_view dims, std::vector<GridPoint>* points, const Gr
     return Status::InvalidArgument(fmt::format("unknown paper grid '{}' (expected 3d or 4d)", dims));
   if (recipe.elongate_base <= 0 || recipe.micro_batches < 0)
     return Status::InvalidArgument("grid recipe: elongate base must be positive and micro-batches >= 0");
+  // Above it the grid's documents shrink towards one token each, millions a
+  // batch (a base of 2^31 took a minute and a GB for one batch a point).
+  if (recipe.elongate_base > kMaxGridElongateBase)
+    return Status::OutOfRange(
+        fmt::format("grid recipe: elongate base {} is above {} (elongate = L / base; at 128K that is at least 1/8)",
+                    recipe.elongate_base, kMaxGridElongateBase));
   const bool with_pp = dims == "4d";
   // The paper's Table 3 (3D) and Table 4 (4D): per model and maximum
   // document length, the batch size (chunks of L tokens per iteration) at

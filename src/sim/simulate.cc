@@ -314,6 +314,15 @@ Status ValidateSimOptions(const SimOptions& o) {
         fmt::format("batch size {} chunks, one micro-batch each, is above the simulator's limit of {} micro-batches: "
                     "give --micro-batches",
                     o.batch_size, kMaxSimMicroBatches));
+  // The pipeline schedules keep every micro-batch's times on every stage:
+  // micro-batches in all x pp (pp 512 with a million chunk micro-batches
+  // ran past 8 GB).
+  if (const int64_t in_all = o.micro_batches > 0 ? int64_t{o.micro_batches} * G : int64_t{o.batch_size};
+      o.pp > 1 && in_all * o.pp > kMaxSimMicroBatches)
+    return Status::OutOfRange(
+        fmt::format("{} micro-batches in all over pp = {} stages ({} pipeline slots) is above the simulator's limit "
+                    "of {}",
+                    in_all, o.pp, in_all * o.pp, kMaxSimMicroBatches));
   if (o.micro_batches > 0 && int64_t{o.batch_size} * o.max_doc_len < int64_t{o.micro_batches} * G)
     return Status::InvalidArgument(
         fmt::format("{} micro-batches over {} ranks per stage leave less than one token per rank of the batch's {} "
