@@ -200,6 +200,7 @@ int RunGrid(const Args& a, const std::vector<int64_t>& pool, const std::vector<d
              a.packing);
   std::string csv = distca::GridCsvHeader();
   bool any_over = false;  // some strategy at some point does not fit
+  size_t done = 0;        // points simulated
   for (const distca::GridPoint& p : points) {
     SimOptions o = a.sim;
     s = distca::ModelPreset(p.model, &o.model);
@@ -215,7 +216,18 @@ int RunGrid(const Args& a, const std::vector<int64_t>& pool, const std::vector<d
     std::vector<SimResult> results;
     s = Sample(pool, a, o, p.elongate, &batches);
     if (s.ok()) s = distca::Simulate(o, batches, strategies, &results);
-    if (!s.ok()) return Fail(fmt::format("{}: {}", p.Label(), s.message()));
+    if (!s.ok()) {
+      // The points before it took minutes, perhaps: their rows are kept.
+      std::string kept;
+      if (done > 0) {
+        const std::string partial = a.out_dir + "/grid_" + a.paper_grid + ".partial.csv";
+        const Status w = distca::WriteFileAtomic(partial, csv);
+        kept = w.ok() ? fmt::format(" (the {} points before it are in {})", done, partial)
+                      : fmt::format(" (the {} points before it could not be kept: {})", done, w.message());
+      }
+      return Fail(fmt::format("{}: {}{}", p.Label(), s.message(), kept));
+    }
+    ++done;
     std::string line = fmt::format("{:<14}", p.Label());
     for (const SimResult& r : results) {
       csv += distca::GridCsvRow(p, r, o, a.packing);
