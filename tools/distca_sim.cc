@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -314,37 +315,44 @@ int RunSearch(const Args& a, const std::vector<std::vector<int64_t>>& batches,
   distca::WallTimer timer;
   std::vector<distca::ShapeChoice> best;
   std::vector<distca::ShapeTrial> trials;
-  const Status s = distca::SearchParallelism(a.sim, batches, strategies, a.shapes, &best, &trials);
+  const SimOptions& o = a.sim;
+  // The table's rows print as the shapes are simulated (a search of
+  // hundreds of GPUs takes minutes); the JSON lines come at the end.
+  std::function<void(const distca::ShapeTrial&)> print_row;
+  if (!a.json) {
+    fmt::print("{} on {} ({} GPUs), L {}, B {}, {} batches: iteration s at each tp x pp ('!' over memory)\n",
+               o.model.name, o.hardware.name, o.gpus, o.max_doc_len, o.batch_size, batches.size());
+    std::string header = fmt::format("{:>4} {:>4}", "tp", "pp");
+    for (distca::SimStrategy st : strategies) header += fmt::format(" {:>13}", distca::SimStrategyName(st));
+    fmt::print("{}\n", header);
+    std::fflush(stdout);
+    print_row = [](const distca::ShapeTrial& t) {
+      std::string line = fmt::format("{:>4} {:>4}", t.tp, t.pp), skipped;
+      for (size_t i = 0; i < t.results.size(); ++i) {
+        const SimResult& r = t.results[i];
+        if (t.status[i].ok()) {
+          line += fmt::format(" {:>12.4f}{}", r.iteration_s, r.memory_fits ? " " : "!");
+        } else {
+          line += fmt::format(" {:>13}", "-");
+          skipped += fmt::format("\n{:>9}  {}", "", t.status[i].message());  // names the strategy
+        }
+      }
+      fmt::print("{}{}\n", line, skipped);
+      std::fflush(stdout);
+    };
+  }
+  const Status s = distca::SearchParallelism(a.sim, batches, strategies, a.shapes, &best, &trials, print_row);
   if (!s.ok()) return Fail(s.message());
   if (a.json) {
     for (const distca::ShapeChoice& c : best) {
-      SimOptions o = a.sim;
-      o.tp = c.tp;
-      o.pp = c.pp;
-      nlohmann::json j = ToJson(a, o, c.result);
+      SimOptions at = a.sim;
+      at.tp = c.tp;
+      at.pp = c.pp;
+      nlohmann::json j = ToJson(a, at, c.result);
       j["search"] = "best";
       fmt::print("{}\n", j.dump());
     }
     return 0;
-  }
-  const SimOptions& o = a.sim;
-  fmt::print("{} on {} ({} GPUs), L {}, B {}, {} batches: iteration s at each tp x pp ('!' over memory)\n",
-             o.model.name, o.hardware.name, o.gpus, o.max_doc_len, o.batch_size, batches.size());
-  std::string header = fmt::format("{:>4} {:>4}", "tp", "pp");
-  for (distca::SimStrategy st : strategies) header += fmt::format(" {:>13}", distca::SimStrategyName(st));
-  fmt::print("{}\n", header);
-  for (const distca::ShapeTrial& t : trials) {
-    std::string line = fmt::format("{:>4} {:>4}", t.tp, t.pp), skipped;
-    for (size_t i = 0; i < t.results.size(); ++i) {
-      const SimResult& r = t.results[i];
-      if (t.status[i].ok()) {
-        line += fmt::format(" {:>12.4f}{}", r.iteration_s, r.memory_fits ? " " : "!");
-      } else {
-        line += fmt::format(" {:>13}", "-");
-        skipped += fmt::format("\n{:>9}  {}", "", t.status[i].message());  // names the strategy
-      }
-    }
-    fmt::print("{}{}\n", line, skipped);
   }
   fmt::print("\nbest shape per strategy (speedup over wlb-ideal's best):\n");
   fmt::print("{:<13} {:>4} {:>4} {:>9} {:>11} {:>8} {:>6} {:>9} {:>3}\n", "strategy", "tp", "pp", "iter s", "tokens/s",

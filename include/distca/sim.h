@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -358,9 +359,12 @@ struct ShapeTrial {
 // cannot run at a shape (e.g. a batch size its ranks do not divide, a CAD
 // layout over the comm budget) is skipped there with its reason; an error
 // names a strategy no shape could run, or says that `shapes` is empty.
+// on_shape, when given, is called with each shape's trial as soon as it is
+// simulated (a search over many shapes takes minutes: the tool prints them).
 Status SearchParallelism(const SimOptions& options, const std::vector<std::vector<int64_t>>& batches,
                          const std::vector<SimStrategy>& strategies, const std::vector<std::pair<int, int>>& shapes,
-                         std::vector<ShapeChoice>* best, std::vector<ShapeTrial>* trials);
+                         std::vector<ShapeChoice>* best, std::vector<ShapeTrial>* trials,
+                         const std::function<void(const ShapeTrial&)>& on_shape = nullptr);
 
 // Fixed batches (distca-train's --docs-file): every batch is one iteration's
 // global batch of T tokens, the same T for all; the G = gpus / (tp * pp)

@@ -27,7 +27,8 @@ std::vector<std::pair<int, int>> ParallelShapes(const SimOptions& options) {
 
 Status SearchParallelism(const SimOptions& options, const std::vector<std::vector<int64_t>>& batches,
                          const std::vector<SimStrategy>& strategies, const std::vector<std::pair<int, int>>& shapes,
-                         std::vector<ShapeChoice>* best, std::vector<ShapeTrial>* trials) {
+                         std::vector<ShapeChoice>* best, std::vector<ShapeTrial>* trials,
+                         const std::function<void(const ShapeTrial&)>& on_shape) {
   if (best == nullptr || trials == nullptr) return Status::InvalidArgument("best and trials must not be null");
   best->assign(strategies.size(), ShapeChoice{});
   trials->clear();
@@ -60,6 +61,7 @@ Status SearchParallelism(const SimOptions& options, const std::vector<std::vecto
       chosen[i] = int(trials->size());
     }
     trials->push_back(std::move(t));
+    if (on_shape) on_shape(trials->back());
   }
   for (size_t i = 0; i < strategies.size(); ++i) {
     if (chosen[i] >= 0) continue;

@@ -118,8 +118,21 @@ TEST(SearchParallelismTest, AStrategyThatCannotRunAtTheFirstShapesPicksAmongTheO
   const std::vector<SimStrategy> strategies = {SimStrategy::kWlbIdeal, SimStrategy::kColocated};
   std::vector<ShapeChoice> best;
   std::vector<ShapeTrial> trials;
-  ASSERT_TRUE(SearchParallelism(o, batches, strategies, ParallelShapes(o), &best, &trials).ok());
+  // Each shape is reported as soon as it is simulated, in order, with its
+  // statuses (the tool prints the table's rows from it).
+  std::vector<std::pair<int, int>> reported;
+  std::vector<bool> colocated_ran;
+  const auto on_shape = [&](const ShapeTrial& t) {
+    reported.emplace_back(t.tp, t.pp);
+    colocated_ran.push_back(t.status[1].ok());
+  };
+  ASSERT_TRUE(SearchParallelism(o, batches, strategies, ParallelShapes(o), &best, &trials, on_shape).ok());
   ASSERT_EQ(trials.size(), 4u);
+  ASSERT_EQ(reported.size(), trials.size());
+  for (size_t t = 0; t < trials.size(); ++t) {
+    EXPECT_EQ(reported[t], std::pair(trials[t].tp, trials[t].pp)) << t;
+    EXPECT_EQ(colocated_ran[t], trials[t].status[1].ok()) << t;
+  }
   EXPECT_EQ(std::pair(trials[0].tp, trials[0].pp), std::pair(1, 1));
   EXPECT_TRUE(trials[0].status[0].ok());
   EXPECT_FALSE(trials[0].status[1].ok());
