@@ -345,6 +345,13 @@ int RunSearch(const Args& a, const std::vector<std::vector<int64_t>>& batches,
   if (!s.ok()) return Fail(s.message());
   if (a.json) {
     for (const distca::ShapeChoice& c : best) {
+      if (!c.status.ok()) {
+        const nlohmann::json j = {{"strategy", distca::SimStrategyName(c.result.strategy)},
+                                  {"search", "none"},
+                                  {"error", c.status.message()}};
+        fmt::print("{}\n", j.dump());
+        continue;
+      }
       SimOptions at = a.sim;
       at.tp = c.tp;
       at.pp = c.pp;
@@ -359,6 +366,11 @@ int RunSearch(const Args& a, const std::vector<std::vector<int64_t>>& batches,
              "speedup", "idle", "mem max", "cp");
   for (const distca::ShapeChoice& c : best) {
     const SimResult& r = c.result;
+    if (!c.status.ok()) {
+      fmt::print("{:<13} runs at no shape (each shape's reason is in its row above)\n",
+                 distca::SimStrategyName(r.strategy));
+      continue;
+    }
     fmt::print("{:<13} {:>4} {:>4} {:>9.4f} {:>11.4g} {:>8} {:>6.3f} {:>7.1f}GB{} {:>3}\n",
                distca::SimStrategyName(r.strategy), c.tp, c.pp, r.iteration_s, r.tokens_per_s,
                r.speedup > 0 ? fmt::format("{:.3f}x", r.speedup) : "-", r.idle_fraction, r.memory_max_bytes * 1e-9,

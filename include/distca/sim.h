@@ -340,8 +340,9 @@ std::vector<std::pair<int, int>> ParallelShapes(const SimOptions& options);
 
 // One strategy's best shape (SearchParallelism).
 struct ShapeChoice {
-  int tp = 0, pp = 0;
-  SimResult result;  // at that shape; speedup is over wlb-ideal's best shape
+  int tp = 0, pp = 0;  // 0 when the strategy runs at no shape
+  SimResult result;    // at that shape; speedup is over wlb-ideal's best shape
+  Status status;       // why the strategy runs at no shape, or OK
 };
 // One shape tried: per strategy (in `strategies` order) its result, or why
 // it could not be simulated there.
@@ -357,8 +358,10 @@ struct ShapeTrial {
 // memory. best: in `strategies` order, speedup over the best wlb-ideal when
 // it is among them (else 0). trials: every shape, in order. A strategy that
 // cannot run at a shape (e.g. a batch size its ranks do not divide, a CAD
-// layout over the comm budget) is skipped there with its reason; an error
-// names a strategy no shape could run, or says that `shapes` is empty.
+// layout over the comm budget) is skipped there with its reason; one that
+// runs at no shape gets tp = pp = 0 and the reasons in its status, and the
+// others their choices. An error says that no strategy runs at any shape
+// (naming the first one's reasons) or that `shapes` is empty.
 // on_shape, when given, is called with each shape's trial as soon as it is
 // simulated (a search over many shapes takes minutes: the tool prints them).
 Status SearchParallelism(const SimOptions& options, const std::vector<std::vector<int64_t>>& batches,

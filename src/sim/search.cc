@@ -63,19 +63,29 @@ Status SearchParallelism(const SimOptions& options, const std::vector<std::vecto
     trials->push_back(std::move(t));
     if (on_shape) on_shape(trials->back());
   }
-  for (size_t i = 0; i < strategies.size(); ++i) {
-    if (chosen[i] >= 0) continue;
-    std::string why;
-    for (const ShapeTrial& t : *trials) why += fmt::format("; tp {} pp {}: {}", t.tp, t.pp, t.status[i].message());
-    return Status::InvalidArgument(fmt::format("{} runs at no (tp, pp) shape{}", SimStrategyName(strategies[i]), why));
-  }
+  // A strategy that runs nowhere keeps the reasons; the others their
+  // choices (one such strategy used to end the whole search).
   double wlb_ideal_s = 0;
+  Status first_failed;
+  bool any_ran = false;
   for (size_t i = 0; i < strategies.size(); ++i) {
+    if (chosen[i] < 0) {
+      std::string why;
+      for (const ShapeTrial& t : *trials) why += fmt::format("; tp {} pp {}: {}", t.tp, t.pp, t.status[i].message());
+      (*best)[i].result.strategy = strategies[i];
+      (*best)[i].status =
+          Status::InvalidArgument(fmt::format("{} runs at no (tp, pp) shape{}", SimStrategyName(strategies[i]), why));
+      if (first_failed.ok()) first_failed = (*best)[i].status;
+      continue;
+    }
+    any_ran = true;
     const ShapeTrial& t = (*trials)[chosen[i]];
-    (*best)[i] = ShapeChoice{t.tp, t.pp, t.results[i]};
+    (*best)[i] = ShapeChoice{t.tp, t.pp, t.results[i], Status::Ok()};
     if (strategies[i] == SimStrategy::kWlbIdeal) wlb_ideal_s = t.results[i].iteration_s;
   }
-  for (ShapeChoice& c : *best) c.result.speedup = wlb_ideal_s > 0 ? wlb_ideal_s / c.result.iteration_s : 0.0;
+  if (!any_ran) return first_failed;
+  for (ShapeChoice& c : *best)
+    if (c.status.ok()) c.result.speedup = wlb_ideal_s > 0 ? wlb_ideal_s / c.result.iteration_s : 0.0;
   return Status::Ok();
 }
 

@@ -159,6 +159,25 @@ TEST(SearchParallelismTest, ReasonsForShapesAndStrategiesThatCannotRun) {
   EXPECT_NE(s.message().find("wlb-ideal runs at no (tp, pp) shape; tp 1 pp 1: "), std::string::npos) << s.message();
   ASSERT_EQ(trials.size(), 1u);
   EXPECT_FALSE(trials[0].status[0].ok());
+  // With a strategy that runs there, the search goes on: at 4 GPUs and tp
+  // 1, pp 1 alone, colocated (whose 4 ranks do not divide B = 2) gets no
+  // shape and its reasons, wlb-ideal its choice.
+  {
+    SimOptions four = TestOptions();
+    four.gpus = 4;
+    four.batch_size = 2;
+    ASSERT_TRUE(SearchParallelism(four, {{1024, 512, 256, 256}}, {SimStrategy::kWlbIdeal, SimStrategy::kColocated},
+                                  {{1, 1}}, &best, &trials)
+                    .ok());
+    ASSERT_EQ(best.size(), 2u);
+    EXPECT_TRUE(best[0].status.ok()) << best[0].status.ToString();
+    EXPECT_EQ(std::pair(best[0].tp, best[0].pp), std::pair(1, 1));
+    EXPECT_EQ(best[0].result.speedup, 1.0);
+    EXPECT_EQ(std::pair(best[1].tp, best[1].pp), std::pair(0, 0));
+    EXPECT_EQ(best[1].result.strategy, SimStrategy::kColocated);
+    EXPECT_NE(best[1].status.message().find("colocated runs at no (tp, pp) shape; tp 1 pp 1: "), std::string::npos)
+        << best[1].status.message();
+  }
   // No shape at all.
   o.max_doc_len = 0;
   EXPECT_TRUE(ParallelShapes(o).empty());
