@@ -180,11 +180,19 @@ Status ProfileFromJson(const json& j, HardwareProfile* profile) {
   return Status::Ok();
 }
 
+// `text` for a message: at most kShown characters of it (an override's
+// value may be a whole profile's worth of JSON).
+std::string Shortened(const std::string& text) {
+  constexpr size_t kShown = 160;
+  if (text.size() <= kShown) return text;
+  return fmt::format("{}... ({} characters)", text.substr(0, kShown), text.size());
+}
+
 // Sets the field that `spec` ("a.b.c=VALUE") names in `root` to VALUE's JSON.
 // A missing last key is added (the profile's own checks refuse a key it does
 // not know); everything before it must exist.
 Status ApplyOverride(const std::string& spec, json* root) {
-  const std::string what = fmt::format("hardware override '{}'", spec);
+  const std::string what = fmt::format("hardware override '{}'", Shortened(spec));
   const size_t eq = spec.find('=');
   if (eq == std::string::npos || eq == 0)
     return Status::InvalidArgument(what + ": expected FIELD=VALUE, e.g. network.inter_node.bandwidth=25e9");
@@ -371,8 +379,8 @@ Status LoadHardwareProfile(const std::string& path, HardwareProfile* profile,
   for (const std::string& spec : overrides) DISTCA_RETURN_IF_ERROR(ApplyOverride(spec, &j).WithContext(path));
   const std::string changed = fmt::format("{}", fmt::join(overrides, ", "));
   HardwareProfile p;
-  DISTCA_RETURN_IF_ERROR(
-      ProfileFromJson(j, &p).WithContext(overrides.empty() ? path : fmt::format("{} with {}", path, changed)));
+  DISTCA_RETURN_IF_ERROR(ProfileFromJson(j, &p).WithContext(
+      overrides.empty() ? path : fmt::format("{} with {}", path, Shortened(changed))));
   if (!overrides.empty()) p.name += fmt::format(" ({})", changed);
   // The name labels CSV rows and chart titles: one line, control characters
   // (a newline in a file's name or an override's value) as spaces.
