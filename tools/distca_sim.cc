@@ -123,15 +123,28 @@ nlohmann::json ToJson(const Args& a, const SimOptions& o, const SimResult& r) {
           {"idle_per_batch", r.idle_per_batch}};
 }
 
+// A speedup for the tables: three decimals, or three digits where those
+// would print 0.000x; "-" without wlb-ideal.
+std::string SpeedupText(double speedup) {
+  if (!(speedup > 0)) return "-";
+  return speedup >= 0.01 ? fmt::format("{:.3f}x", speedup) : fmt::format("{:.3g}x", speedup);
+}
+// Bytes as GB for the tables: one decimal, or three digits below 0.1 GB
+// (the tiny model's 43 MB printed as 0.0GB).
+std::string GbText(double bytes) {
+  const double gb = bytes * 1e-9;
+  return gb >= 0.1 || gb == 0 ? fmt::format("{:.1f}GB", gb) : fmt::format("{:.3g}GB", gb);
+}
+
 void PrintTable(const std::vector<SimResult>& results, bool breakdown) {
   fmt::print("{:<13} {:>9} {:>11} {:>8} {:>6} {:>9} {:>9} {:>9} {:>9} {:>3} {:>5}\n", "strategy", "iter s", "tokens/s",
              "speedup", "idle", "mem max", "mem mean", "moved", "buffer", "cp", "eps");
   for (const SimResult& r : results) {
-    fmt::print("{:<13} {:>9.4f} {:>11.4g} {:>8} {:>6.3f} {:>7.1f}GB{} {:>7.1f}GB {:>7.1f}GB {:>7.3f}GB {:>3} {:>5}\n",
-               distca::SimStrategyName(r.strategy), r.iteration_s, r.tokens_per_s,
-               r.speedup > 0 ? fmt::format("{:.3f}x", r.speedup) : "-", r.idle_fraction, r.memory_max_bytes * 1e-9,
-               r.memory_fits ? " " : "!", r.memory_mean_bytes * 1e-9, r.bytes_moved * 1e-9, r.max_buffer_bytes * 1e-9,
-               r.cp, IsCadStrategy(r.strategy) ? fmt::format("{:.3g}", r.tolerance_used) : "-");
+    fmt::print("{:<13} {:>9.4f} {:>11.4g} {:>8} {:>6.3f} {:>9}{} {:>9} {:>9} {:>7.3f}GB {:>3} {:>5}\n",
+               distca::SimStrategyName(r.strategy), r.iteration_s, r.tokens_per_s, SpeedupText(r.speedup),
+               r.idle_fraction, GbText(r.memory_max_bytes), r.memory_fits ? " " : "!", GbText(r.memory_mean_bytes),
+               GbText(r.bytes_moved), r.max_buffer_bytes * 1e-9, r.cp,
+               IsCadStrategy(r.strategy) ? fmt::format("{:.3g}", r.tolerance_used) : "-");
   }
   bool over = false;
   for (const SimResult& r : results) over |= !r.memory_fits;
@@ -235,7 +248,7 @@ int RunGrid(const Args& a, const std::vector<int64_t>& pool, const std::vector<d
       // "!": the strategy needs more memory than a device has (the CSV's
       // memory_fits 0), as in the tables.
       line += fmt::format("  {} {:.3f}s{} {}", distca::SimStrategyName(r.strategy), r.iteration_s,
-                          r.memory_fits ? "" : "!", r.speedup > 0 ? fmt::format("{:.3f}x", r.speedup) : "-");
+                          r.memory_fits ? "" : "!", SpeedupText(r.speedup));
       any_over |= !r.memory_fits;
     }
     fmt::print("{}\n", line);
@@ -371,10 +384,9 @@ int RunSearch(const Args& a, const std::vector<std::vector<int64_t>>& batches,
                  distca::SimStrategyName(r.strategy));
       continue;
     }
-    fmt::print("{:<13} {:>4} {:>4} {:>9.4f} {:>11.4g} {:>8} {:>6.3f} {:>7.1f}GB{} {:>3}\n",
-               distca::SimStrategyName(r.strategy), c.tp, c.pp, r.iteration_s, r.tokens_per_s,
-               r.speedup > 0 ? fmt::format("{:.3f}x", r.speedup) : "-", r.idle_fraction, r.memory_max_bytes * 1e-9,
-               r.memory_fits ? " " : "!", r.cp);
+    fmt::print("{:<13} {:>4} {:>4} {:>9.4f} {:>11.4g} {:>8} {:>6.3f} {:>9}{} {:>3}\n",
+               distca::SimStrategyName(r.strategy), c.tp, c.pp, r.iteration_s, r.tokens_per_s, SpeedupText(r.speedup),
+               r.idle_fraction, GbText(r.memory_max_bytes), r.memory_fits ? " " : "!", r.cp);
   }
   fmt::print("searched {} shapes in {:.2f} s\n", trials.size(), timer.Seconds());
   return 0;
