@@ -143,8 +143,10 @@ bool RunDispatchBench(const DispatchBenchOptions& o, std::string* error) {
   int ranks = 0;
   Tracer tracer;  // shared by the local backend's rank threads
   // Ranks on one machine share its memory (the local backend's all live in
-  // this process): refused before they allocate, not by the OOM killer;
-  // the local backend's before its ranks start.
+  // this process): refused before they allocate, not by the OOM killer; the
+  // local backend's before its ranks start, MPI's once each knows how many
+  // share its machine.
+  const bool local = !(LaunchedByMpirun() && MpiAvailable());  // as RunOnRanks picks
   const auto check_memory = [&](int machine_ranks) -> Status {
     const double need = kBytesPerToken * double(tokens_per_rank) * machine_ranks;
     if (const double ram = PhysicalMemoryBytes(); ram > 0 && need > ram)
@@ -153,14 +155,14 @@ bool RunDispatchBench(const DispatchBenchOptions& o, std::string* error) {
                       machine_ranks, tokens_per_rank, need * 1e-9, ram * 1e-9));
     return Status::Ok();
   };
-  if (!LaunchedByMpirun()) {
+  if (local) {
     if (s = check_memory(o.local_ranks); !s.ok()) {
       *error = s.ToString();
       return false;
     }
   }
   s = RunOnRanks(co, [&](Comm& comm) -> Status {
-    DISTCA_RETURN_IF_ERROR(check_memory(comm.machine_ranks()));
+    if (!local) DISTCA_RETURN_IF_ERROR(check_memory(comm.machine_ranks()));
     omp_set_num_threads(1);  // one thread per rank
     if (comm.rank() == 0) {
       backend = comm.backend();

@@ -130,16 +130,15 @@ int Run(int argc, char** argv) {
       std::fprintf(stderr, "distca-bench profile: --short fixes the model (tiny) and the runs (1); drop %s\n", flag);
       return 2;
     }
-  // The attention and planner benchmarks time one process: under mpirun
-  // every process would run and print them, timed against each other.
-  if (distca::LaunchedByMpirun())
+  if (distca::LaunchedByMpirun()) {
+    // The attention and planner benchmarks time one process: under mpirun
+    // every process would run and print them, timed against each other.
     for (CLI::App* sub : {attention, planner})
       if (sub->parsed()) {
         std::fprintf(stderr, "distca-bench %s: runs in one process, not under mpirun (start it without mpirun)\n",
                      sub->get_name().c_str());
         return 2;
       }
-  if (distca::LaunchedByMpirun())
     for (CLI::App* sub : {dispatcher, trainer, profiler})
       if (sub->parsed() && sub->count("--ranks") > 0) {
         std::fprintf(stderr,
@@ -148,6 +147,7 @@ int Run(int argc, char** argv) {
                      sub->get_name().c_str());
         return 2;
       }
+  }
 
   const std::map<std::string, distca::AttentionKernel> kernels = {{"auto", distca::AttentionKernel::kAuto},
                                                                   {"scalar", distca::AttentionKernel::kScalar},

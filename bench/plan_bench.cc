@@ -15,11 +15,6 @@
 namespace distca::bench {
 namespace {
 
-// The most documents in one batch: both policies plan each of them. The
-// simulator's limit (a pool of one-token documents made batches of 16M at
-// 512 ranks, 6 GB and minutes before any line printed).
-constexpr int64_t kMaxBatchDocuments = kMaxSimBatchDocuments;
-
 struct Summary {
   int batches = 0;
   double plan_ms_sum = 0, plan_ms_max = 0;
@@ -51,8 +46,11 @@ bool RunPlanBench(const PlanBenchOptions& o, std::string* error) {
   const PlanModel model;  // Llama-3-8B shapes, bf16
   const CostModel cost = CostModel::Flops(model);
 
-  // Batches of the pool's mean length, at the largest rank count: refused
-  // before anything prints (each batch is checked again once sampled).
+  // At most the simulator's documents per batch (kMaxSimBatchDocuments):
+  // both policies plan each of them, and a pool of one-token documents made
+  // batches of 16M at 512 ranks, 6 GB and minutes before any line printed.
+  // Batches of the pool's mean length, at the largest rank count, are
+  // refused before anything prints; each batch is checked again once sampled.
   {
     std::vector<int64_t> docs;
     const int most_ranks = std::max_element(ranks_and_batches.begin(), ranks_and_batches.end())->first;
@@ -63,11 +61,11 @@ bool RunPlanBench(const PlanBenchOptions& o, std::string* error) {
     }
     const double mean = double(std::accumulate(docs.begin(), docs.end(), int64_t{0})) / double(docs.size());
     const double per_batch = double(most_ranks) * double(tokens_per_rank) / mean;
-    if (per_batch > double(kMaxBatchDocuments)) {
+    if (per_batch > double(kMaxSimBatchDocuments)) {
       *error = fmt::format(
           "{}: documents of {:.3g} tokens on average (after the recipe) make batches of about {:.3g} documents at {} "
           "ranks, above the limit of {}: use a pool of longer documents",
-          o.lengths_file, mean, per_batch, most_ranks, kMaxBatchDocuments);
+          o.lengths_file, mean, per_batch, most_ranks, kMaxSimBatchDocuments);
       return false;
     }
   }
@@ -91,9 +89,9 @@ bool RunPlanBench(const PlanBenchOptions& o, std::string* error) {
       return false;
     }
     for (size_t b = 0; b < batches.size(); ++b)
-      if (int64_t(batches[b].size()) > kMaxBatchDocuments) {
+      if (int64_t(batches[b].size()) > kMaxSimBatchDocuments) {
         *error = fmt::format("{} ranks, batch {}: {} documents, above the limit of {}: use a pool of longer documents",
-                             ranks, b, batches[b].size(), kMaxBatchDocuments);
+                             ranks, b, batches[b].size(), kMaxSimBatchDocuments);
         return false;
       }
     std::map<PlanPolicy, Summary> sums;

@@ -212,6 +212,7 @@ int RunGrid(const Args& a, const std::vector<int64_t>& pool, const std::vector<d
   distca::WallTimer timer;
   fmt::print("{} grid on {}, {} batches per configuration ({} packing)\n", a.paper_grid, a.sim.hardware.name, a.batches,
              a.packing);
+  const std::string base = a.out_dir + "/grid_" + a.paper_grid;
   std::string csv = distca::GridCsvHeader();
   bool any_over = false;  // some strategy at some point does not fit
   size_t done = 0;        // points simulated
@@ -234,7 +235,7 @@ int RunGrid(const Args& a, const std::vector<int64_t>& pool, const std::vector<d
       // The points before it took minutes, perhaps: their rows are kept.
       std::string kept;
       if (done > 0) {
-        const std::string partial = a.out_dir + "/grid_" + a.paper_grid + ".partial.csv";
+        const std::string partial = base + ".partial.csv";
         const Status w = distca::WriteFileAtomic(partial, csv);
         kept = w.ok() ? fmt::format(" (the {} points before it are in {})", done, partial)
                       : fmt::format(" (the {} points before it could not be kept: {})", done, w.message());
@@ -257,7 +258,6 @@ int RunGrid(const Args& a, const std::vector<int64_t>& pool, const std::vector<d
   fmt::print("grid: {} configurations x {} strategies in {:.1f} s\n", points.size(), strategies.size(),
              timer.Seconds());
   if (any_over) fmt::print("!: needs more memory than a device has (memory_fits 0 in the CSV)\n");
-  const std::string base = a.out_dir + "/grid_" + a.paper_grid;
   const std::string png = a.out_dir + "/speedup_" + a.paper_grid + ".png";
   if (!chart) {
     s = distca::WriteFileAtomic(base + ".csv", csv);

@@ -33,7 +33,7 @@ class LengthsReader {
   LengthsReader(Shape shape, std::vector<std::vector<int64_t>>* out) : shape_(shape), out_(out) { out_->clear(); }
 
   Status Read(std::string_view text) {
-    const std::string what = shape_ == Shape::kLengths ? "lengths file" : "docs file";
+    const std::string what = FileName();
     DISTCA_RETURN_IF_ERROR(RefuseNulByte(text, what));
     try {
       if (!Json::sax_parse(text.begin(), text.end(), this) && error_.ok())
@@ -57,9 +57,7 @@ class LengthsReader {
     const auto digits = text.begin() + (negative ? 1 : 0);
     if (digits == text.end() || !std::all_of(digits, text.end(), [](char c) { return c >= '0' && c <= '9'; }))
       return NotALength();
-    if (!negative) return TooLong(text);
-    if (depth_ != ListDepth()) return NotALength();
-    return Fail(fmt::format("{} = {}: lengths must be positive", At(), text));
+    return negative ? NotPositive(text) : TooLong(text);
   }
   bool string(std::string&) { return NotALength(); }
   bool binary(Json::binary_t&) { return NotALength(); }
@@ -122,11 +120,12 @@ class LengthsReader {
     return true;
   }
   bool parse_error(size_t, const std::string&, const nlohmann::detail::exception& e) {
-    return Fail(fmt::format("{} is not valid JSON: {}", shape_ == Shape::kLengths ? "lengths file" : "docs file",
-                            JsonExceptionWhy(e)));
+    return Fail(fmt::format("{} is not valid JSON: {}", FileName(), JsonExceptionWhy(e)));
   }
 
  private:
+  // The file in messages.
+  const char* FileName() const { return shape_ == Shape::kLengths ? "lengths file" : "docs file"; }
   // Depth of the arrays that hold lengths: the lengths file's one, a docs
   // file's batches (object 1, "batches" 2, a batch 3).
   int ListDepth() const { return shape_ == Shape::kLengths ? 1 : 3; }
@@ -153,14 +152,18 @@ class LengthsReader {
     if (depth_ != ListDepth()) return NotALength();
     return Fail(fmt::format("{} = {} is longer than the supported {} tokens", At(), text, kMaxDocumentLength));
   }
+  // A length below 1, as written.
+  bool NotPositive(const std::string& text) {
+    if (depth_ != ListDepth()) return NotALength();
+    return Fail(fmt::format("{} = {}: lengths must be positive", At(), text));
+  }
   // An integer where a length may stand, at most kMaxDocumentLength.
   bool Length(int64_t len) {
     if (depth_ != ListDepth()) return NotALength();
-    if (len <= 0) return Fail(fmt::format("{} = {}: lengths must be positive", At(), len));
+    if (len <= 0) return NotPositive(std::to_string(len));
     if (++values_ > kMaxSampledDocuments) {
-      error_ = Status::OutOfRange(fmt::format("{} holds more than {} document lengths, the most a file may hold",
-                                              shape_ == Shape::kLengths ? "the lengths file" : "the docs file",
-                                              kMaxSampledDocuments));
+      error_ = Status::OutOfRange(fmt::format("the {} holds more than {} document lengths, the most a file may hold",
+                                              FileName(), kMaxSampledDocuments));
       return false;
     }
     out_->back().push_back(len);

@@ -301,15 +301,15 @@ Status ValidateSimOptions(const SimOptions& o) {
   if (o.cp < 0 || (o.cp > 0 && G % o.cp != 0))
     return Status::InvalidArgument(fmt::format("cp ({}) must divide the {} ranks per stage", o.cp, G));
   if (o.micro_batches < 0) return Status::InvalidArgument("micro-batches must be >= 0");
-  // Given micro-batches: a replica of one rank (cp 1) runs m of them, G such
-  // replicas m G in all.
-  if (o.micro_batches > 0 && int64_t{o.micro_batches} * G > kMaxSimMicroBatches)
+  // Micro-batches in all: given, a replica of one rank (cp 1) runs m of
+  // them, G such replicas m G; else one per chunk, B, whatever the replicas.
+  const int64_t in_all = o.micro_batches > 0 ? int64_t{o.micro_batches} * G : int64_t{o.batch_size};
+  if (o.micro_batches > 0 && in_all > kMaxSimMicroBatches)
     return Status::OutOfRange(
         fmt::format("{} micro-batches per replica over {} rank{} per stage (up to {} in all, at CP 1) is above the "
                     "simulator's limit of {} micro-batches",
-                    o.micro_batches, G, G == 1 ? "" : "s", int64_t{o.micro_batches} * G, kMaxSimMicroBatches));
-  // One micro-batch per chunk: B in all, whatever the replicas.
-  if (o.micro_batches == 0 && o.batch_size > kMaxSimMicroBatches)
+                    o.micro_batches, G, G == 1 ? "" : "s", in_all, kMaxSimMicroBatches));
+  if (o.micro_batches == 0 && in_all > kMaxSimMicroBatches)
     return Status::OutOfRange(
         fmt::format("batch size {} chunks, one micro-batch each, is above the simulator's limit of {} micro-batches: "
                     "give --micro-batches",
@@ -317,13 +317,12 @@ Status ValidateSimOptions(const SimOptions& o) {
   // The pipeline schedules keep every micro-batch's times on every stage:
   // micro-batches in all x pp (pp 512 with a million chunk micro-batches
   // ran past 8 GB).
-  if (const int64_t in_all = o.micro_batches > 0 ? int64_t{o.micro_batches} * G : int64_t{o.batch_size};
-      o.pp > 1 && in_all * o.pp > kMaxSimMicroBatches)
+  if (o.pp > 1 && in_all * o.pp > kMaxSimMicroBatches)
     return Status::OutOfRange(
         fmt::format("{} micro-batches in all over pp = {} stages ({} pipeline slots) is above the simulator's limit "
                     "of {}",
                     in_all, o.pp, in_all * o.pp, kMaxSimMicroBatches));
-  if (o.micro_batches > 0 && int64_t{o.batch_size} * o.max_doc_len < int64_t{o.micro_batches} * G)
+  if (o.micro_batches > 0 && int64_t{o.batch_size} * o.max_doc_len < in_all)
     return Status::InvalidArgument(
         fmt::format("{} micro-batches over {} ranks per stage leave less than one token per rank of the batch's {} "
                     "(batch size {} x max_doc_len {})",
