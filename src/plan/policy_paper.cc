@@ -36,6 +36,10 @@ struct Item {
   int64_t tail_begin, tail_end;  // tail [tail_begin, tail_end)
   int server;
   bool moved_out = false;  // moved to a recipient: never a candidate again
+  // Cached from the ranges by Refresh: the candidate scan reads every item
+  // at every step, and a measured table's lookups dominated it.
+  double flops = 0;  // cost of head + tail, in the cost model's unit
+  double pairs = 0;  // causal pairs of head + tail
 };
 
 class PaperPlanner {
@@ -44,8 +48,10 @@ class PaperPlanner {
   void Run(std::vector<double>* loads);
 
  private:
-  double Flops(const Item& it) const {
-    return cost_.TaskCost(it.head_begin, it.head_end) + cost_.TaskCost(it.tail_begin, it.tail_end);
+  // Sets it.flops and it.pairs from its ranges; call after changing them.
+  void Refresh(Item& it) const {
+    it.flops = cost_.TaskCost(it.head_begin, it.head_end) + cost_.TaskCost(it.tail_begin, it.tail_end);
+    it.pairs = double(CausalPairs(it.head_begin, it.head_end) + CausalPairs(it.tail_begin, it.tail_end));
   }
   // Moves up to f of item i to `recipient`; returns the cost moved.
   double Split(size_t i, double f, int recipient);
@@ -58,7 +64,7 @@ class PaperPlanner {
 
 double PaperPlanner::Split(size_t i, double f, int recipient) {
   Item& it = items_[i];
-  const double total = Flops(it);
+  const double total = it.flops;
   if (f >= total) {  // move whole
     it.server = recipient;
     it.moved_out = true;
@@ -80,9 +86,10 @@ double PaperPlanner::Split(size_t i, double f, int recipient) {
   moved.moved_out = true;
   it.head_end -= m;
   it.tail_begin += m;
-  const double amount = Flops(moved);
+  Refresh(it);
+  Refresh(moved);
   items_.push_back(moved);
-  return amount;
+  return moved.flops;
 }
 
 void PaperPlanner::Run(std::vector<double>* loads) {
@@ -96,7 +103,8 @@ void PaperPlanner::Run(std::vector<double>* loads) {
       int64_t mid = (p.begin + (p.end - p.begin + 1) / 2) / block * block;
       if (mid <= p.begin) mid = std::min(p.end, (p.begin / block + 1) * block);
       items_.push_back({static_cast<int32_t>(d), p.begin, mid, mid, p.end, p.rank});
-      load[p.rank] += Flops(items_.back());
+      Refresh(items_.back());
+      load[p.rank] += items_.back().flops;
     }
   }
   const double mean = std::accumulate(load.begin(), load.end(), 0.0) / servers;
@@ -121,15 +129,13 @@ void PaperPlanner::Run(std::vector<double>* loads) {
         const double surplus = load[it.server] - mean;
         if (it.moved_out || surplus <= 0) continue;
         any_donor = true;
-        const double flops = Flops(it);
+        const double flops = it.flops;
         if (flops <= 0) continue;
         const double f = std::min({surplus, need, flops});
         const double length = double(plan_.documents[it.doc].length);
         // The published estimate works in causal pairs: query tokens
         // F / (L + 1), whole-document KV. Convert F from cost units.
-        const double item_pairs =
-            double(CausalPairs(it.head_begin, it.head_end) + CausalPairs(it.tail_begin, it.tail_end));
-        const double f_pairs = f * item_pairs / flops;
+        const double f_pairs = f * it.pairs / flops;
         const double volume = f_pairs / (length + 1) * hidden + (length + 1) * kv_width;
         const double score = volume / f_pairs;
         if (best == items_.size() || score < best_score) {
