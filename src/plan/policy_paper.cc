@@ -37,7 +37,7 @@ struct Item {
   int server;
   bool moved_out = false;  // moved to a recipient: never a candidate again
   // Cached from the ranges by Refresh: the candidate scan reads every item
-  // at every step, and a measured table's lookups dominated it.
+  // at every step, and recomputing these there was most of its time.
   double flops = 0;  // cost of head + tail, in the cost model's unit
   double pairs = 0;  // causal pairs of head + tail
 };
