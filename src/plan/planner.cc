@@ -196,24 +196,28 @@ Status PlanLayout(const PlanOptions& o, const CostModel& cost, Plan p, Plan* pla
     // eps runs over tolerance + 0.05 k. Steps are tried one at a time up to
     // kStepByStep (eps up to the tolerance + 3, loads up to 4x the mean)
     // while the last plan's busiest rank needs at most kNear times the
-    // budget: near the budget, the first step that fits is found whatever
-    // the shape of traffic in eps. Further from it, and past kStepByStep, k
-    // doubles (galloping) to a step that fits, then bisection between it
-    // and the last one that did not finds a step that fits whose step below
-    // does not: the first one where traffic falls as eps grows (the tests
-    // compare it with a step-by-step search), in O(log k) plans instead of
-    // k. Large k happen where a few busy ranks' documents spread over many
-    // idle servers (pipeline bubbles): eps in the tens, hundreds of steps,
-    // the first tens of them at several times the budget. Traffic does
-    // rise with eps at times, but in the 10,567 plans of a 256-GPU search
-    // at tp 1 by at most 14% from one step to the next, and no step fitted
-    // within a gallop from one needing twice the budget unless the gallop's
-    // end fitted too (docs/planner.md).
+    // budget, and always when the layout alone needs more than the budget
+    // (the steps where nothing moves then fail too, so a gallop that reached
+    // them could not bisect back to one that fits): the first step that
+    // fits is found whatever the shape of traffic in eps. Otherwise, and
+    // past kStepByStep, k doubles (galloping) to a step that fits, then
+    // bisection between it and the last one that did not finds a step that
+    // fits whose step below does not: the first one where traffic falls as
+    // eps grows (the tests compare it with a step-by-step search), in
+    // O(log k) plans instead of k. Large k happen where a few busy ranks'
+    // documents spread over many idle servers (pipeline bubbles): eps in the
+    // tens, hundreds of steps, the first tens of them at several times the
+    // budget. Traffic does rise with eps at times, but in the 10,567 plans
+    // of a 256-GPU search at tp 1 by at most 14% from one step to the next,
+    // and no step fitted within a gallop from one needing twice the budget
+    // unless the gallop's end fitted too (docs/planner.md).
     constexpr int64_t kStepByStep = 60;
     constexpr double kNear = 2.0;
     auto fits = [&](const Plan& q) { return busiest(q) <= budget; };
+    const bool fit_guaranteed = layout_need <= budget;
     auto next_step = [&](int64_t k, const Plan& q) {
-      return k < kStepByStep && double(busiest(q)) <= kNear * double(budget) ? k + 1 : 2 * k;
+      const bool near = !fit_guaranteed || double(busiest(q)) <= kNear * double(budget);
+      return k < kStepByStep && near ? k + 1 : 2 * k;
     };
     // A budget raised to the layout's need may hold the plan at the
     // requested tolerance already.

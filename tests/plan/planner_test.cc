@@ -980,6 +980,40 @@ TEST(PlannerTest, CommBudgetSearchStepsThroughNonMonotoneTraffic) {
   EXPECT_LE(p.stats.traffic.max_rank_bytes(), o.comm_budget);
 }
 
+// A budget below what the layout alone moves, first met at eps 0.35, where
+// eps 0.1 needs more than twice the budget. Galloping from such a step ran
+// past the colocated imbalance, where nothing moves and nothing fits, and
+// the search reported that no tolerance fits; below the layout's need the
+// search steps one at a time. Found by a fuzzer (5 of 40 such cases).
+TEST(PlannerTest, CommBudgetSearchBelowTheLayoutsNeedTriesEveryStep) {
+  PlanOptions o;
+  o.ranks = 3;
+  o.dedicated_servers = 1;
+  o.block = 32;
+  o.policy = PlanPolicy::kDistca;
+  const CostModel cost = CostModel::Flops(o.model);
+  const std::vector<int64_t> docs = {16084, 8240, 13814, 16317};
+  auto traffic_at = [&](double eps, PlanPolicy policy) {
+    PlanOptions x = o;
+    x.policy = policy;
+    x.tolerance = eps;
+    x.comm_budget = 0;
+    Plan q;
+    EXPECT_TRUE(BuildPlan(docs, x, cost, &q).ok());
+    return q.stats.traffic.max_rank_bytes();
+  };
+  o.comm_budget = traffic_at(0.35, PlanPolicy::kDistca);
+  ASSERT_GT(traffic_at(0.05, PlanPolicy::kColocated), o.comm_budget);  // below the layout's need
+  ASSERT_GT(traffic_at(0.1, PlanPolicy::kDistca), 2 * o.comm_budget);  // far from it at step 1
+  for (int k = 1; k < 6; ++k) ASSERT_GT(traffic_at(0.05 + 0.05 * k, PlanPolicy::kDistca), o.comm_budget) << k;
+  Plan p;
+  const Status s = BuildPlan(docs, o, cost, &p);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_NEAR(p.tolerance_used, 0.35, 1e-12);
+  EXPECT_LE(p.stats.traffic.max_rank_bytes(), o.comm_budget);
+  EXPECT_TRUE(ValidatePlan(p, cost).ok());
+}
+
 // The tightest budget (what the layout alone moves) must be reachable by
 // every policy: the paper policy's recipients keep pulling while their
 // deficit exceeds eps * mean, so its search runs past the colocated max/mean.
