@@ -185,32 +185,36 @@ Status PlanLayout(const PlanOptions& o, const CostModel& cost, Plan p, Plan* pla
       const char* scope = !o.budget_per_exchange  ? ""
                           : o.budget_counts_local ? " in one exchange, its own rows included"
                                                   : " in one exchange";
-      return Status::InvalidArgument(
-          fmt::format("comm budget {} bytes is below what the linear layout alone moves ({} bytes on the busiest "
-                      "rank{}){}",
-                      o.comm_budget, layout_need, scope,
-                      searched_to > 0 ? fmt::format(", and no tolerance up to {:.3g} brought it under", searched_to)
-                                      : std::string()));
+      return Status::InvalidArgument(fmt::format(
+          "comm budget {} bytes is below what the linear layout alone moves ({} bytes on the busiest "
+          "rank{}){}",
+          o.comm_budget, layout_need, scope,
+          searched_to > 0 ? fmt::format(", and no tolerance tried up to {:.3g} brought it under", searched_to)
+                          : std::string()));
     };
     if (layout_need > budget && o.policy == PlanPolicy::kColocated) return below_layout(0);
-    // eps runs over tolerance + 0.05 k. Steps are tried one at a time up to
-    // kStepByStep (eps up to the tolerance + 3, loads up to 4x the mean)
-    // while the last plan's busiest rank needs at most kNear times the
-    // budget, and always when the layout alone needs more than the budget
-    // (the steps where nothing moves then fail too, so a gallop that reached
-    // them could not bisect back to one that fits): the first step that
-    // fits is found whatever the shape of traffic in eps. Otherwise, and
-    // past kStepByStep, k doubles (galloping) to a step that fits, then
-    // bisection between it and the last one that did not finds a step that
-    // fits whose step below does not: the first one where traffic falls as
-    // eps grows (the tests compare it with a step-by-step search), in
-    // O(log k) plans instead of k. Large k happen where a few busy ranks'
-    // documents spread over many idle servers (pipeline bubbles): eps in the
-    // tens, hundreds of steps, the first tens of them at several times the
-    // budget. Traffic does rise with eps at times, but in the 10,567 plans
-    // of a 256-GPU search at tp 1 by at most 14% from one step to the next,
-    // and no step fitted within a gallop from one needing twice the budget
-    // unless the gallop's end fitted too (docs/planner.md).
+    // eps runs over tolerance + 0.05 k. Of the first kStepByStep steps (eps
+    // up to the tolerance + 3, loads up to 4x the mean) each is tried while
+    // the last plan's busiest rank needs at most kNear times the budget, and
+    // every one when the layout alone needs more than the budget (the steps
+    // where nothing moves then fail too, so a gallop that reached them could
+    // not bisect back to one that fits): there the first step that fits is
+    // found whatever the shape of traffic in eps. Otherwise, and past
+    // kStepByStep in every case, k doubles (galloping) to a step that fits,
+    // then bisection between it and the last one that did not finds a step
+    // that fits whose step below does not: the first one where traffic falls
+    // as eps grows (the tests compare it with a step-by-step search), in
+    // O(log k) plans instead of k. Where traffic is not monotone it may be a
+    // later step than the first that fits (a higher eps, never a plan over
+    // the budget), and past kStepByStep a budget below the layout's need may
+    // be refused although a skipped step fits it. Large k happen where a few
+    // busy ranks' documents spread over many idle servers (pipeline
+    // bubbles): eps in the tens, hundreds of steps, the first tens of them
+    // at several times the budget. In the 10,567 plans of one such run (256
+    // GPUs, tp 1, 32 stages, one batch) traffic rose by at most 14% from one
+    // step to the next, and no step fitted within a gallop from one needing
+    // twice the budget unless the gallop's end fitted too; on random small
+    // cases the galloping search finds the first fit (docs/planner.md).
     constexpr int64_t kStepByStep = 60;
     constexpr double kNear = 2.0;
     auto fits = [&](const Plan& q) { return busiest(q) <= budget; };
