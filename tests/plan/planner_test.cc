@@ -81,6 +81,18 @@ TEST(CostModelTest, TableInterpolatesBilinearlyAndScalesOutside) {
 
 std::vector<int64_t> Skewed();  // below: one long document and many short ones
 
+// The busiest rank's forward + backward bytes in a plan of `docs` at eps
+// under `policy`, without a budget.
+int64_t MaxRankBytesAt(const std::vector<int64_t>& docs, PlanOptions o, const CostModel& cost, double eps,
+                       PlanPolicy policy) {
+  o.policy = policy;
+  o.tolerance = eps;
+  o.comm_budget = 0;
+  Plan q;
+  EXPECT_TRUE(BuildPlan(docs, o, cost, &q).ok());
+  return q.stats.traffic.max_rank_bytes();
+}
+
 // With a measured table a merged task does not cost the sum of its parts;
 // bound_met still says whether the final loads meet (1 + eps) x their mean.
 TEST(PlannerTest, BoundMetDescribesTheFinalLoadsUnderATable) {
@@ -841,15 +853,7 @@ TEST(PlannerTest, CommBudgetSearchFindsTheFirstStepThatFits) {
       o.ranks = 4;
       o.dedicated_servers = servers;
       const CostModel cost = CostModel::Flops(o.model);
-      auto traffic_at = [&](double eps, PlanPolicy pol) {
-        PlanOptions x = o;
-        x.policy = pol;
-        x.tolerance = eps;
-        x.comm_budget = 0;
-        Plan q;
-        EXPECT_TRUE(BuildPlan(Skewed(), x, cost, &q).ok());
-        return q.stats.traffic.max_rank_bytes();
-      };
+      auto traffic_at = [&](double eps, PlanPolicy pol) { return MaxRankBytesAt(Skewed(), o, cost, eps, pol); };
       const int64_t low = traffic_at(0.05, PlanPolicy::kColocated), high = traffic_at(0.05, policy);
       ASSERT_LT(low, high) << PlanPolicyName(policy) << " " << servers;
       for (double f : {0.0, 0.01, 0.1, 0.3, 0.6, 0.9}) {
@@ -964,14 +968,7 @@ TEST(PlannerTest, CommBudgetSearchStepsThroughNonMonotoneTraffic) {
   o.dedicated_servers = 10;
   const CostModel cost = CostModel::Flops(o.model);
   const std::vector<int64_t> docs = {11938, 18523, 18965};
-  auto traffic_at = [&](double eps) {
-    PlanOptions x = o;
-    x.tolerance = eps;
-    x.comm_budget = 0;
-    Plan q;
-    EXPECT_TRUE(BuildPlan(docs, x, cost, &q).ok());
-    return q.stats.traffic.max_rank_bytes();
-  };
+  auto traffic_at = [&](double eps) { return MaxRankBytesAt(docs, o, cost, eps, o.policy); };
   o.comm_budget = 515970304;
   for (int k = 8; k < 30; ++k) ASSERT_LE(traffic_at(0.05 + 0.05 * k), 2 * o.comm_budget) << k;
   EXPECT_GT(traffic_at(1.50), o.comm_budget);
@@ -1047,15 +1044,7 @@ TEST(PlannerTest, CommBudgetSearchBelowTheLayoutsNeedTriesEveryStep) {
   o.policy = PlanPolicy::kDistca;
   const CostModel cost = CostModel::Flops(o.model);
   const std::vector<int64_t> docs = {16084, 8240, 13814, 16317};
-  auto traffic_at = [&](double eps, PlanPolicy policy) {
-    PlanOptions x = o;
-    x.policy = policy;
-    x.tolerance = eps;
-    x.comm_budget = 0;
-    Plan q;
-    EXPECT_TRUE(BuildPlan(docs, x, cost, &q).ok());
-    return q.stats.traffic.max_rank_bytes();
-  };
+  auto traffic_at = [&](double eps, PlanPolicy policy) { return MaxRankBytesAt(docs, o, cost, eps, policy); };
   o.comm_budget = traffic_at(0.35, PlanPolicy::kDistca);
   ASSERT_GT(traffic_at(0.05, PlanPolicy::kColocated), o.comm_budget);  // below the layout's need
   // Far from it at steps 1, 2 and 4: galloping would skip steps 3 and 5-7.
