@@ -212,9 +212,10 @@ Status PlanLayout(const PlanOptions& o, const CostModel& cost, Plan p, Plan* pla
     // bubbles): eps in the tens, hundreds of steps, the first tens of them
     // at several times the budget. In the 10,567 plans of one such run (256
     // GPUs, tp 1, 32 stages, one batch) traffic rose by at most 14% from one
-    // step to the next, and no step up to kStepByStep fitted within a gallop from one needing
-    // twice the budget unless the gallop's end fitted too; on random small
-    // cases the galloping search finds the first fit (docs/planner.md).
+    // step to the next, and no step up to kStepByStep fitted within a
+    // gallop from one needing twice the budget unless the gallop's end
+    // fitted too; on random small cases the galloping search finds the
+    // first fit (docs/planner.md).
     constexpr int64_t kStepByStep = 60;
     constexpr double kNear = 2.0;
     auto fits = [&](const Plan& q) { return busiest(q) <= budget; };
