@@ -181,6 +181,7 @@ Status PlanLayout(const PlanOptions& o, const CostModel& cost, Plan p, Plan* pla
     // colocated plans, which move what the layout needs whatever eps is.
     const int64_t layout_need = busiest(colocated);
     const int64_t budget = o.budget_grows ? std::max(o.comm_budget, layout_need) : o.comm_budget;
+    const bool layout_fits = layout_need <= budget;
     auto below_layout = [&](double searched_to) {
       const char* scope = !o.budget_per_exchange  ? ""
                           : o.budget_counts_local ? " in one exchange, its own rows included"
@@ -192,7 +193,7 @@ Status PlanLayout(const PlanOptions& o, const CostModel& cost, Plan p, Plan* pla
           searched_to > 0 ? fmt::format(", and no tolerance tried up to {:.3g} brought it under", searched_to)
                           : std::string()));
     };
-    if (layout_need > budget && o.policy == PlanPolicy::kColocated) return below_layout(0);
+    if (!layout_fits && o.policy == PlanPolicy::kColocated) return below_layout(0);
     // eps runs over tolerance + 0.05 k. Of the first kStepByStep steps (eps
     // up to the tolerance + 3, loads up to 4x the mean) each is tried while
     // the last plan's busiest rank needs at most kNear times the budget, and
@@ -219,11 +220,6 @@ Status PlanLayout(const PlanOptions& o, const CostModel& cost, Plan p, Plan* pla
     constexpr int64_t kStepByStep = 60;
     constexpr double kNear = 2.0;
     auto fits = [&](const Plan& q) { return busiest(q) <= budget; };
-    const bool fit_guaranteed = layout_need <= budget;
-    auto next_step = [&](int64_t k, const Plan& q) {
-      const bool near = !fit_guaranteed || double(busiest(q)) <= kNear * double(budget);
-      return k < kStepByStep && near ? k + 1 : 2 * k;
-    };
     // A budget raised to the layout's need may hold the plan at the
     // requested tolerance already.
     if (fits(p)) {
@@ -232,15 +228,18 @@ Status PlanLayout(const PlanOptions& o, const CostModel& cost, Plan p, Plan* pla
     }
     auto at_step = [&](int64_t k) { return o.tolerance + 0.05 * double(k); };
     int64_t fail = 0, fit = 1;
-    for (;; fit = next_step(fit, p)) {
+    for (;;) {
       eps = at_step(fit);
       DISTCA_RETURN_IF_ERROR(PlanOnce(o, cost, eps, &p));
-      if (fits(p)) break;
-      if (eps > eps_max && layout_need > budget) return below_layout(eps);
+      const int64_t need = busiest(p);
+      if (need <= budget) break;
+      if (eps > eps_max && !layout_fits) return below_layout(eps);
       if (eps > eps_max)
         return Status::Internal(fmt::format("{} policy moves work at eps {} beyond the colocated imbalance {}",
                                             PlanPolicyName(o.policy), eps, eps_max));
       fail = fit;
+      const bool near = !layout_fits || double(need) <= kNear * double(budget);
+      fit = fit < kStepByStep && near ? fit + 1 : 2 * fit;
     }
     while (fit - fail > 1) {
       const int64_t mid = fail + (fit - fail) / 2;
