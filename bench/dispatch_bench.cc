@@ -146,7 +146,7 @@ bool RunDispatchBench(const DispatchBenchOptions& o, std::string* error) {
   // this process): refused before they allocate, not by the OOM killer; the
   // local backend's before its ranks start, MPI's once each knows how many
   // share its machine.
-  const bool local = !(LaunchedByMpirun() && MpiAvailable());  // as RunOnRanks picks
+  const bool local = ChosenBackend(co) == CommOptions::Backend::kLocal;
   const auto check_memory = [&](int machine_ranks) -> Status {
     const double need = kBytesPerToken * double(tokens_per_rank) * machine_ranks;
     if (const double ram = PhysicalMemoryBytes(); ram > 0 && need > ram)

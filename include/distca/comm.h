@@ -145,6 +145,9 @@ struct CommOptions {
 bool LaunchedByMpirun();
 // Whether this build has the MPI backend (DISTCA_WITH_MPI).
 bool MpiAvailable();
+// The backend RunOnRanks runs `options` on: kAuto resolved to MPI under
+// mpirun when the build has it, else local.
+CommOptions::Backend ChosenBackend(const CommOptions& options);
 
 // Runs fn on every rank of the chosen backend and returns OK when every rank
 // (local) or this rank (MPI) succeeded; otherwise the first failure, by rank.

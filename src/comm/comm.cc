@@ -72,11 +72,14 @@ bool LaunchedByMpirun() {
 
 bool MpiAvailable() { return comm::MpiBackendAvailable(); }
 
-Status RunOnRanks(const CommOptions& options, const std::function<Status(Comm&)>& fn) {
+CommOptions::Backend ChosenBackend(const CommOptions& options) {
   using Backend = CommOptions::Backend;
-  Backend backend = options.backend;
-  if (backend == Backend::kAuto) backend = LaunchedByMpirun() && MpiAvailable() ? Backend::kMpi : Backend::kLocal;
-  if (backend == Backend::kMpi) {
+  if (options.backend != Backend::kAuto) return options.backend;
+  return LaunchedByMpirun() && MpiAvailable() ? Backend::kMpi : Backend::kLocal;
+}
+
+Status RunOnRanks(const CommOptions& options, const std::function<Status(Comm&)>& fn) {
+  if (ChosenBackend(options) == CommOptions::Backend::kMpi) {
     if (!MpiAvailable()) return Status::Unavailable("this build has no MPI backend (DISTCA_WITH_MPI is off)");
     return comm::RunMpi(fn);
   }
