@@ -84,8 +84,8 @@ bool RunProfileBench(const ProfileBenchOptions& o, std::string* error) {
     *error = fmt::format("--out must name a JSON file, got '{}'", o.out);
     return false;
   }
-  // The local backend's ranks are known now (under mpirun, once started).
-  if (!LaunchedByMpirun() && o.local_ranks < 2) {
+  // The local backend's ranks are known now (MPI's once started).
+  if (ChosenBackend(CommOptions{}) == CommOptions::Backend::kLocal && o.local_ranks < 2) {
     *error = TooFewRanks(o.local_ranks);
     return false;
   }
