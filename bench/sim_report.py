@@ -104,12 +104,17 @@ PAPER_RANGES = {"3d": {"llama3-8b": (1.07, 1.20), "llama-34b": (1.07, 1.20)},
                 "4d": {"llama3-8b": (1.15, 1.30), "llama-34b": (0.0, 1.15)}}
 
 
-def point_args(w):
-    """distca-sim flags that rerun a grid configuration (its wlb-ideal CSV row)
-    outside the grid, with its Pretrain elongation and MLP recomputation."""
+def point_args(rows):
+    """distca-sim flags that rerun a grid configuration (its CSV rows by
+    strategy) outside the grid, with its Pretrain elongation, MLP
+    recomputation and micro-batches (CAD's, where they differ)."""
+    w = rows["wlb-ideal"]
     args = ["--model", w["model"], "--gpus", w["gpus"], "--tp", w["tp"], "--max-doc-len", w["max_doc_len"],
             "--batch-size", w["batch_size"], "--micro-batches", w["micro_batches"], "--elongate",
             str(int(w["max_doc_len"]) // (64 * K))]
+    cad = rows.get("distca-paper", rows.get("distca", w))["micro_batches"]
+    if cad != w["micro_batches"]:
+        args += ["--cad-micro-batches", cad]
     return args + (["--recompute-mlp"] if w["recompute_mlp"] in ("1", "true", "True") else [])
 
 
@@ -238,7 +243,7 @@ def main():
     for name, s in grids["3d"].items():
         w = s["wlb-ideal"]
         nodes = int(w["gpus"]) // int(w["tp"])  # one tp-8 rank per node: CP over every rank
-        by = {r["strategy"]: r for r in sim.json(*point_args(w), "--cp", str(nodes), "--strategies",
+        by = {r["strategy"]: r for r in sim.json(*point_args(s), "--cp", str(nodes), "--strategies",
                                                  "wlb-ideal,distca-paper")}
         fits = by["wlb-ideal"]["memory_fits"]
         speedup = by["distca-paper"]["speedup_over_wlb_ideal"]
@@ -258,7 +263,7 @@ def main():
     points = grids["4d"]
     for name, s in points.items():
         w = s["wlb-ideal"]
-        best = {r["strategy"]: r for r in sim.json(*point_args(w), "--search", "--strategies",
+        best = {r["strategy"]: r for r in sim.json(*point_args(s), "--search", "--strategies",
                                                    "wlb-ideal,distca-paper,distca")}
         for strategy in pp1:
             pp1[strategy] += best[strategy]["pp"] == 1

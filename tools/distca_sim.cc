@@ -91,6 +91,7 @@ nlohmann::json ToJson(const Args& a, const SimOptions& o, const SimResult& r) {
           {"distributed_optimizer", o.distributed_optimizer},
           {"optimizer_moments", o.optimizer_moments},
           {"micro_batches", o.micro_batches},
+          {"cad_micro_batches", o.cad_micro_batches},
           {"recompute_mlp", o.recompute_mlp},
           {"wlb_scope", distca::WlbScopeName(o.wlb_scope)},
           {"wlb_artifact_kv", o.wlb_artifact_kv},
@@ -226,6 +227,7 @@ int RunGrid(const Args& a, const std::vector<int64_t>& pool, const std::vector<d
     o.max_doc_len = p.max_doc_len;
     o.batch_size = p.batch_size;
     o.micro_batches = p.micro_batches;
+    o.cad_micro_batches = p.cad_micro_batches;
     o.recompute_mlp = p.recompute_mlp;
     std::vector<std::vector<int64_t>> batches;
     std::vector<SimResult> results;
@@ -443,6 +445,11 @@ int Run(int argc, char** argv) {
                  "micro-batches per data-parallel replica, every strategy running the batch's B L tokens as m "
                  "micro-batches (the DistCA artifact: 1 in 3D); Default: 0 = one L-token chunk per micro-batch")
       ->check(nonneg);
+  app.add_option("--cad-micro-batches", o.cad_micro_batches,
+                 "with --micro-batches: the waves per replica of distca-paper, distca and colocated instead (the "
+                 "DistCA artifact's pipeline runs cut B chunks into at most B / 2: a ping and a pong of whole "
+                 "chunks each); Default: 0 = --micro-batches")
+      ->check(nonneg);
   app.add_option("--servers", o.dedicated_servers, "distca: dedicated attention servers per stage (Default: 0)")
       ->check(nonneg);
   app.add_flag("--no-ping-pong", a.no_ping_pong, "CAD without nano-batch overlap");
@@ -494,7 +501,8 @@ int Run(int argc, char** argv) {
                  "with --paper-grid: elongate = L / this (Default: 65536, the DistCA artifact's)")
       ->check(pos);
   app.add_option("--grid-micro-batches", a.grid_recipe.micro_batches,
-                 "with --paper-grid: --micro-batches for every point (Default: 0 = 1 in 3d, 8 in 4d)")
+                 "with --paper-grid: --micro-batches for every point and strategy (Default: 0 = the artifact's: 1 "
+                 "in 3d, 8 in 4d, CAD at most B / 2)")
       ->check(nonneg);
   app.add_flag("--tolerance-sweep", a.tolerance_sweep, "CAD time and buffer at eps 0, 0.05, 0.1, 0.2, 0.4");
   app.add_flag("--search", a.search,
@@ -637,7 +645,7 @@ int Run(int argc, char** argv) {
     if (o.gpus == 0) return Fail("--gpus is required");
     SimOptions shape = o;  // the parallel shape alone, before the docs file sets L and B
     shape.max_doc_len = shape.batch_size = 1;
-    shape.cp = shape.micro_batches = 0;
+    shape.cp = shape.micro_batches = shape.cad_micro_batches = 0;
     s = distca::ValidateSimOptions(shape);
     if (!s.ok()) return Fail(s.message());
     s = distca::ReadBatchesFile(a.docs_file, &batches);
@@ -653,7 +661,7 @@ int Run(int argc, char** argv) {
 
     if (!a.paper_grid.empty()) {
       if (a.tolerance_sweep) return Fail("--paper-grid and --tolerance-sweep are separate runs");
-      if (app.count("--micro-batches") > 0 || app.count("--recompute-mlp") > 0)
+      if (app.count("--micro-batches") > 0 || app.count("--cad-micro-batches") > 0 || app.count("--recompute-mlp") > 0)
         return Fail(
             "--paper-grid sets micro-batches and MLP recomputation per configuration (use --grid-micro-batches)");
       // The grid sets the shapes, the models and the workload sizes of its
@@ -687,13 +695,15 @@ int Run(int argc, char** argv) {
     return 0;
   }
   const int ranks = o.gpus / (o.tp * o.pp);
-  const std::string layout = o.micro_batches > 0
-                                 ? fmt::format("{} micro-batch(es) per replica{}{}", o.micro_batches,
-                                               o.recompute_mlp ? ", MLP recomputed" : "",
-                                               o.wlb_scope != distca::WlbScope::kWholeBatchArtifactCap
-                                                   ? fmt::format(", wlb scope {}", distca::WlbScopeName(o.wlb_scope))
-                                                   : "")
-                                 : fmt::format("{:.3g} chunk(s) per rank", double(o.batch_size) / ranks);
+  const std::string layout =
+      o.micro_batches > 0
+          ? fmt::format("{} micro-batch(es) per replica{}{}{}", o.micro_batches,
+                        o.cad_micro_batches > 0 ? fmt::format(" ({} for CAD)", o.cad_micro_batches) : "",
+                        o.recompute_mlp ? ", MLP recomputed" : "",
+                        o.wlb_scope != distca::WlbScope::kWholeBatchArtifactCap
+                            ? fmt::format(", wlb scope {}", distca::WlbScopeName(o.wlb_scope))
+                            : "")
+          : fmt::format("{:.3g} chunk(s) per rank", double(o.batch_size) / ranks);
   const bool cad = std::any_of(strategies.begin(), strategies.end(), IsCadStrategy);
   const std::string cad_setup =
       cad ? fmt::format(", CAD buffer {}{}",

@@ -176,6 +176,14 @@ struct SimOptions {
   // gives each replica B / d chunks in m groups, CAD runs m waves over all G
   // ranks. Default: 0
   int micro_batches = 0;
+  // With micro_batches set: the waves per replica of the strategies that run
+  // as waves (distca-paper, distca, colocated), where they differ from the
+  // baselines' micro-batches. DistCA's pipeline runs build each micro-batch's
+  // ping and pong from whole sequences, at least one L-token chunk each, so
+  // they cut a batch of B chunks into at most B / 2 micro-batches; the grid
+  // sets this where its count would cut finer (docs/simulator.md, "Grid").
+  // Default: 0 (micro_batches)
+  int cad_micro_batches = 0;
   // Selective recomputation of the MLP besides core attention (the DistCA
   // artifact's EXPERIMENT_ADD_SELECTIVE_CKPT, used at 256K and longer):
   // activations drop the MLP's 6 ffn bytes per token and layer (13 h instead
@@ -248,6 +256,10 @@ struct SimOptions {
 // distca or distca-paper: the strategies that plan CAD traffic at a
 // tolerance.
 bool IsCadStrategy(SimStrategy strategy);
+// distca-paper, distca or colocated: the strategies that run a batch as
+// waves over all of a stage's ranks (SimOptions::cad_micro_batches), not as
+// the context-parallel baselines' micro-batches.
+bool RunsAsWaves(SimStrategy strategy);
 // The wire format strategy s's all-to-alls carry under `options`:
 // options.cad_wire for distca and distca-paper when set, else each its own
 // (distca-paper DistCA's, distca and colocated this runtime's); none for
@@ -437,6 +449,7 @@ struct GridPoint {
   int batch_size = 0;
   double elongate = 1.0;       // the Pretrain recipe's length multiplier for this L
   int micro_batches = 0;       // SimOptions::micro_batches
+  int cad_micro_batches = 0;   // SimOptions::cad_micro_batches
   bool recompute_mlp = false;  // SimOptions::recompute_mlp
   std::string Label() const;   // e.g. "8B 128K 64"
 };
@@ -450,8 +463,10 @@ struct GridRecipe {
   // elongate = L / elongate_base (the Pretrain recipe). Default: 64K, the
   // DistCA artifact's ELONGATE_FACTOR = NUM_TOKENS / 65536
   int64_t elongate_base = 65536;
-  // SimOptions::micro_batches for every point; 0 = the artifact's: 1 in 3D
-  // (the whole batch at once), 8 in 4D (its PP configurations). Default: 0
+  // SimOptions::micro_batches for every point and strategy; 0 = the
+  // artifact's: 1 in 3D (the whole batch at once), 8 in 4D (its PP
+  // configurations), and for CAD at most B / 2 (cad_micro_batches: its
+  // micro-batches hold a ping and a pong chunk). Default: 0
   int micro_batches = 0;
 };
 

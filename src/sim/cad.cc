@@ -349,8 +349,7 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
     // QKV projection; backward: the O projection and MLP), the dispatch of
     // Q/K/V (backward: also dO and statistics), the attention served, the
     // return of O (backward: dQ, dK/dV), and the linear part after it.
-    // All-to-alls synchronize the ranks, so each phase lasts as long as its
-    // slowest rank.
+    // Only the all-to-alls synchronize the ranks (see `step` below).
     for (int pass = 0; pass < 2; ++pass) {
       const double head_factor = pass == 0 ? 1.0 : kBackwardLinearFactor;
       const size_t nn = costs.size();
@@ -393,57 +392,71 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
           }
         }
       }
-      // The stage's pass over its layers: each phase lasts as long as its
-      // slowest rank and runs `times` times; busy time of every rank.
-      // seconds_of(r, dummy) is rank r's time in the phase, with or without
+      // The stage's pass over its layers, step by step, on a clock per rank:
+      // each rank computes at its own pace, and an all-to-all starts when
+      // every rank has produced its data (the latest clock) and ends, for
+      // every rank that takes part, when its slowest transfer does. So a
+      // rank early out of one step starts the next step's compute early, and
+      // only the exchanges synchronize (DistCA's all-to-all waits for its
+      // peers' signals, and MPI's for their data, not for a barrier). A
+      // step's compute_of(r, dummy) is rank r's time in it, with or without
       // distca-paper's dummy work: that work takes time, but its results are
-      // thrown away, so it counts as waiting (idle), not as busy.
+      // thrown away, so it counts as waiting (idle), not as busy; comm_of(r)
+      // is its transfer in the exchange the step hides (0: none).
       const int layers = ctx.stage_layers;
-      double pass_s = 0;
-      auto phase = [&](int times, auto&& seconds_of) {
-        if (times <= 0) return;
-        double slowest = 0;
+      std::vector<double> clock(total_ranks, 0.0);
+      auto step = [&](auto&& compute_of, auto&& comm_of) {
+        const double ready = *std::max_element(clock.begin(), clock.end());
+        double transfer = 0;
+        for (int r = 0; r < total_ranks; ++r) transfer = std::max(transfer, comm_of(r));
         for (int r = 0; r < total_ranks; ++r) {
-          const double with = seconds_of(r, true), without = seconds_of(r, false);
-          slowest = std::max(slowest, with);
-          o.busy_s[r] += times * without;
-          o.bubble_work_s += times * (with - without);
+          const double with = compute_of(r, true), without = compute_of(r, false);
+          o.busy_s[r] += without;
+          o.bubble_work_s += with - without;
+          clock[r] += with;
+          if (comm_of(r) > 0) clock[r] = std::max(clock[r], ready + transfer);
         }
-        pass_s += times * slowest;
       };
+      const auto none = [](int) { return 0.0; };
+      const auto idle_step = [](int, bool) { return 0.0; };
       // Linear work before / after core attention, with the dummy work or not.
       const auto pre = [&](size_t n, int r, bool with) { return before[n][r] + (with ? dummy_before[n][r] : 0.0); };
       const auto post = [&](size_t n, int r, bool with) { return after[n][r] + (with ? dummy_after[n][r] : 0.0); };
       if (overlap) {
         // Ping-pong (DistCA's Figure 7): each transfer of one nano-batch runs
-        // under the other's compute. Steady state, layer l: nano 1's linear
-        // work (after attention of layer l - 1, before it in layer l) hides
-        // nano 0's dispatch; nano 0's attention hides nano 1's dispatch;
-        // nano 1's attention hides nano 0's return; nano 0's linear work
-        // (after attention of l, before it in l + 1) hides nano 1's return. A
-        // transfer longer than its cover shows. Fill and drain: the pass
-        // opens with nano 0's work before attention, alone, and in the first
-        // layer nano 0's dispatch has only nano 1's work before attention to
-        // hide under; in the last layer nano 1's return has only nano 0's work
-        // after attention, and nano 1's closes the pass, alone.
-        phase(1, [&](int r, bool d) { return pre(0, r, d); });
-        phase(1, [&](int r, bool d) { return std::max(pre(1, r, d), dispatch[0][r]); });
-        phase(layers - 1, [&](int r, bool d) { return std::max(post(1, r, d) + pre(1, r, d), dispatch[0][r]); });
-        phase(layers, [&](int r, bool) { return std::max(ca[0][r], dispatch[1][r]); });
-        phase(layers, [&](int r, bool) { return std::max(ca[1][r], back[0][r]); });
-        phase(layers - 1, [&](int r, bool d) { return std::max(post(0, r, d) + pre(0, r, d), back[1][r]); });
-        phase(1, [&](int r, bool d) { return std::max(post(0, r, d), back[1][r]); });
-        phase(1, [&](int r, bool d) { return post(1, r, d); });
+        // under the other's compute. Layer l: nano 0's linear work (after
+        // attention of layer l - 1, before it in layer l) hides nano 1's
+        // return; nano 1's linear work hides nano 0's dispatch; nano 0's
+        // attention hides nano 1's dispatch; nano 1's attention hides nano
+        // 0's return. A transfer longer than its cover shows. Fill and
+        // drain: the pass opens with nano 0's work before attention, alone;
+        // in the last layer nano 1's return has only nano 0's work after
+        // attention to hide under, and nano 1's closes the pass, alone.
+        for (int l = 0; l < layers; ++l) {
+          if (l == 0)
+            step([&](int r, bool d) { return pre(0, r, d); }, none);
+          else
+            step([&](int r, bool d) { return post(0, r, d) + pre(0, r, d); }, [&](int r) { return back[1][r]; });
+          step([&](int r, bool d) { return (l > 0 ? post(1, r, d) : 0.0) + pre(1, r, d); },
+               [&](int r) { return dispatch[0][r]; });
+          step([&](int r, bool) { return ca[0][r]; }, [&](int r) { return dispatch[1][r]; });
+          step([&](int r, bool) { return ca[1][r]; }, [&](int r) { return back[0][r]; });
+        }
+        step([&](int r, bool d) { return post(0, r, d); }, [&](int r) { return back[1][r]; });
+        step([&](int r, bool d) { return post(1, r, d); }, none);
       } else {
         // One plan (or nano-batches back to back): nothing overlaps.
-        for (size_t n = 0; n < nn; ++n) {
-          phase(layers, [&](int r, bool d) { return pre(n, r, d); });
-          phase(layers, [&](int r, bool) { return dispatch[n][r]; });
-          phase(layers, [&](int r, bool) { return ca[n][r]; });
-          phase(layers, [&](int r, bool) { return back[n][r]; });
-          phase(layers, [&](int r, bool d) { return post(n, r, d); });
+        for (int l = 0; l < layers; ++l) {
+          for (size_t n = 0; n < nn; ++n) {
+            step([&](int r, bool d) { return pre(n, r, d); }, none);
+            step(idle_step, [&](int r) { return dispatch[n][r]; });
+            step([&](int r, bool) { return ca[n][r]; }, none);
+            step(idle_step, [&](int r) { return back[n][r]; });
+            step([&](int r, bool d) { return post(n, r, d); }, none);
+          }
         }
       }
+      const double pass_s = *std::max_element(clock.begin(), clock.end());
       const double max_compute = *std::max_element(compute.begin(), compute.end());
 
       // The LM head on the last stage's ranks, over the tokens each holds

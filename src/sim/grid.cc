@@ -82,6 +82,11 @@ Status PaperGrid(std::string_view dims, std::vector<GridPoint>* points, const Gr
       p.batch_size = batch;
       p.elongate = double(row.length) / double(recipe.elongate_base);
       p.micro_batches = recipe.micro_batches > 0 ? recipe.micro_batches : (with_pp ? 8 : 1);
+      // As the artifact runs them, DistCA's pipeline fills each micro-batch's
+      // ping and pong with whole sequences, a chunk at least each
+      // (create_pp_microbatches, once per nano-batch): CAD cuts the batch
+      // into at most B / 2 waves. A count given for the grid holds for all.
+      if (recipe.micro_batches == 0 && p.micro_batches > batch / 2) p.cad_micro_batches = std::max(1, batch / 2);
       // The artifact recomputes the MLP from 256K on in its 3D sweeps, and
       // at every length in its 34B pipeline sweeps (their launcher,
       // salloc_srun.pp_34b.v2.sh, exports EXPERIMENT_ADD_SELECTIVE_CKPT=1).
@@ -126,7 +131,8 @@ std::string GridCsvRow(const GridPoint& p, const SimResult& r, const SimOptions&
       p.Label(), p.model, p.gpus, p.tp, p.pp, p.max_doc_len, p.batch_size, SimStrategyName(r.strategy), r.iteration_s,
       r.tokens_per_s, r.speedup > 0 ? fmt::format("{:.4f}", r.speedup) : std::string(), r.idle_fraction,
       r.memory_max_bytes * 1e-9, r.memory_mean_bytes * 1e-9, r.memory_fits ? 1 : 0, r.bytes_moved * 1e-9,
-      r.max_buffer_bytes * 1e-9, r.cp, cad ? fmt::format("{:.3f}", r.tolerance_used) : std::string(), p.micro_batches,
+      r.max_buffer_bytes * 1e-9, r.cp, cad ? fmt::format("{:.3f}", r.tolerance_used) : std::string(),
+      RunsAsWaves(r.strategy) && p.cad_micro_batches > 0 ? p.cad_micro_batches : p.micro_batches,
       p.recompute_mlp ? 1 : 0, WlbScopeName(run.wlb_scope), r.grad_sync_s, run.ping_pong ? 1 : 0,
       wire ? PlanWireName(*wire) : "", run.comm_budget, run.tolerance, run.dedicated_servers, run.grad_sync ? 1 : 0,
       run.distributed_optimizer ? 1 : 0, run.optimizer_moments ? 1 : 0, run.wlb_artifact_kv ? 1 : 0, packing,

@@ -9,6 +9,7 @@
 #include <exception>
 #include <new>
 #include <numeric>
+#include <optional>
 
 #include "common/cpu_features.h"
 #include "common/enum_names.h"
@@ -202,6 +203,8 @@ bool IsCadStrategy(SimStrategy strategy) {
   return strategy == SimStrategy::kDistca || strategy == SimStrategy::kDistcaPaper;
 }
 
+bool RunsAsWaves(SimStrategy strategy) { return Entry(strategy).cp != CpChoice::kSweep; }
+
 std::optional<PlanWire> StrategyWire(SimStrategy strategy, const SimOptions& options) {
   switch (strategy) {
     case SimStrategy::kDistcaPaper:
@@ -301,6 +304,16 @@ Status ValidateSimOptions(const SimOptions& o) {
   if (o.cp < 0 || (o.cp > 0 && G % o.cp != 0))
     return Status::InvalidArgument(fmt::format("cp ({}) must divide the {} ranks per stage", o.cp, G));
   if (o.micro_batches < 0) return Status::InvalidArgument("micro-batches must be >= 0");
+  if (o.cad_micro_batches < 0) return Status::InvalidArgument("CAD micro-batches must be >= 0");
+  if (o.cad_micro_batches > 0) {
+    if (o.micro_batches == 0)
+      return Status::InvalidArgument("CAD micro-batches apply with micro-batches set (the baselines' count)");
+    // The waves must hold as the baselines' micro-batches must.
+    SimOptions cad = o;
+    cad.micro_batches = o.cad_micro_batches;
+    cad.cad_micro_batches = 0;
+    DISTCA_RETURN_IF_ERROR(ValidateSimOptions(cad).WithContext("CAD micro-batches"));
+  }
   // Micro-batches in all: given, a replica of one rank (cp 1) runs m of
   // them, G such replicas m G; else one per chunk, B, whatever the replicas.
   const int64_t in_all = o.micro_batches > 0 ? int64_t{o.micro_batches} * G : int64_t{o.batch_size};
@@ -366,6 +379,15 @@ Status Simulate(const SimOptions& options, const std::vector<std::vector<int64_t
   DISTCA_RETURN_IF_ERROR(ValidateSimOptions(options));
   DISTCA_RETURN_IF_ERROR(ValidateBatches(options, batches));
   const sim::SimContext ctx(options);
+  // The strategies that run as waves, with their own count if given.
+  std::optional<sim::SimContext> own_waves;
+  if (options.cad_micro_batches > 0) {
+    SimOptions w = options;
+    w.micro_batches = options.cad_micro_batches;
+    w.cad_micro_batches = 0;
+    own_waves.emplace(w);
+  }
+  const sim::SimContext& wave_ctx = own_waves ? *own_waves : ctx;
   const int n = static_cast<int>(batches.size());
   // No more threads than batches, nor than the flag allows: the default
   // (OMP_NUM_THREADS) is the environment's, unchecked.
@@ -381,18 +403,20 @@ Status Simulate(const SimOptions& options, const std::vector<std::vector<int64_t
   std::vector<SimResult> out;
   for (SimStrategy id : strategies) {
     const StrategyEntry& e = Entry(id);
+    const sim::SimContext& sc = RunsAsWaves(id) ? wave_ctx : ctx;
+    const SimOptions& so = sc.options;
     std::vector<int> cps;
     switch (e.cp) {
       case CpChoice::kSweep:
-        cps = options.cp > 0 ? std::vector<int>{options.cp} : degrees;
+        cps = so.cp > 0 ? std::vector<int>{so.cp} : degrees;
         if (cps.empty())
           return Status::InvalidArgument(
               fmt::format("{}: no CP degree c (a power of two dividing the {} ranks per stage) makes the batch size "
                           "({} chunks) a multiple of the G / c data-parallel replicas",
-                          e.name, ctx.stage_ranks, options.batch_size));
+                          e.name, sc.stage_ranks, so.batch_size));
         break;
       case CpChoice::kMinFit: {
-        if (options.micro_batches > 0) {  // ranks hold B L / (m G) tokens whatever c
+        if (so.micro_batches > 0) {  // ranks hold B L / (m G) tokens whatever c
           cps = {1};
           break;
         }
@@ -400,7 +424,7 @@ Status Simulate(const SimOptions& options, const std::vector<std::vector<int64_t
           return Status::InvalidArgument(
               fmt::format("{}: no c (a power of two dividing the {} ranks per stage) makes the batch size ({} chunks) "
                           "a multiple of the G / c chunks of a wave",
-                          e.name, ctx.stage_ranks, options.batch_size));
+                          e.name, sc.stage_ranks, so.batch_size));
         // From the smallest degree whose nominal L / c tokens per rank fit
         // up; the simulated memory (whole documents per wave make some waves
         // a little larger, and distca's buffers are known once planned)
@@ -408,7 +432,7 @@ Status Simulate(const SimOptions& options, const std::vector<std::vector<int64_t
         size_t first = degrees.size() - 1;
         for (size_t i = 0; i < degrees.size(); ++i) {
           const int copies = e.distca_buffer ? sim::kDistcaArtifactBufferCopies : 0;
-          if (sim::CadMemoryBytes(ctx, degrees[i], copies) <= options.hardware.memory_bytes) {
+          if (sim::CadMemoryBytes(sc, degrees[i], copies) <= so.hardware.memory_bytes) {
             first = i;
             break;
           }
@@ -417,11 +441,11 @@ Status Simulate(const SimOptions& options, const std::vector<std::vector<int64_t
         break;
       }
       case CpChoice::kOne:
-        if (ctx.MicroBatchesPerReplica(1) == 0)
+        if (sc.MicroBatchesPerReplica(1) == 0)
           return Status::InvalidArgument(
               fmt::format("{}: the batch size ({} chunks) must be a multiple of the {} ranks per stage (CP 1: one "
                           "chunk per rank and wave)",
-                          e.name, options.batch_size, ctx.stage_ranks));
+                          e.name, so.batch_size, sc.stage_ranks));
         cps = {1};
         break;
     }
@@ -445,15 +469,15 @@ Status Simulate(const SimOptions& options, const std::vector<std::vector<int64_t
       // allocation becomes the batch's error, in either loop.
       const auto run_batch = [&](int b, sim::BatchCarry* carry) -> Status {
         try {
-          DISTCA_RETURN_IF_ERROR(e.run(ctx, batches[b], cp, &outcomes[b], carry));
-          return sim::AddGradSync(ctx, &outcomes[b]);
+          DISTCA_RETURN_IF_ERROR(e.run(sc, batches[b], cp, &outcomes[b], carry));
+          return sim::AddGradSync(sc, &outcomes[b]);
         } catch (const std::bad_alloc&) {
           return Status::OutOfRange(fmt::format("cp {}: out of memory", cp));
         } catch (const std::exception& ex) {
           return Status::Internal(fmt::format("cp {}: {}", cp, ex.what()));
         }
       };
-      if (e.distca_buffer && options.comm_budget > 0) {
+      if (e.distca_buffer && so.comm_budget > 0) {
         sim::BatchCarry carry;
         for (int b = 0; b < n; ++b) {
           status[b] = run_batch(b, &carry);
@@ -480,16 +504,15 @@ Status Simulate(const SimOptions& options, const std::vector<std::vector<int64_t
             return Status::Internal(fmt::format("{}, batch {}: rank {} is busy {} s in a {} s iteration", e.name, b, r,
                                                 done.busy_s[r], done.iteration_s));
       }
-      tried.push_back(
-          Summarize(options, id, e.cp == CpChoice::kMinFit && options.micro_batches > 0 ? 0 : cp, outcomes));
-      tried.back().grad_sync_s = ctx.GradSyncSeconds();
+      tried.push_back(Summarize(so, id, e.cp == CpChoice::kMinFit && so.micro_batches > 0 ? 0 : cp, outcomes));
+      tried.back().grad_sync_s = sc.GradSyncSeconds();
       // CAD with one stage stops at the first degree that fits (a larger c
       // only cuts the same work into more, smaller waves); with pipeline
       // stages it tries the larger ones too (more waves, shorter bubbles)
       // until one is slower than the degree before it that fit: the bubbles
       // shrink as 1 / waves while the per-wave costs grow.
       if (e.cp == CpChoice::kMinFit && tried.back().memory_fits) {
-        if (options.pp == 1) break;
+        if (so.pp == 1) break;
         const size_t k = tried.size();
         if (k >= 2 && tried[k - 2].memory_fits && tried[k - 1].iteration_s > tried[k - 2].iteration_s) break;
       }

@@ -431,6 +431,26 @@ TEST(CadTest, OneDocumentOneRankIsTheColocatedTime) {
   }
 }
 
+// Two ranks' clocks: Step(compute, comm) runs compute(r) on each rank at its
+// own pace and, under it, an exchange that starts when both ranks are done
+// with the steps before (the later clock) and ends, for a rank with bytes in
+// it (comm(r) > 0), when the slower transfer does.
+struct Clocks {
+  double t[2] = {0, 0};
+  template <class Compute, class Comm>
+  void Step(Compute&& compute, Comm&& comm) {
+    const double ready = std::max(t[0], t[1]);
+    const double transfer = std::max(comm(0), comm(1));
+    for (int r = 0; r < 2; ++r) {
+      t[r] += compute(r);
+      if (comm(r) > 0) t[r] = std::max(t[r], ready + transfer);
+    }
+  }
+  double End() const { return std::max(t[0], t[1]); }
+};
+// No seconds: a step without compute, or without an exchange.
+const auto kZero = [](int) { return 0.0; };
+
 // The iteration of one wave `docs` on 2 ranks (m = 1) from the planner's own
 // plans: with ping-pong of the two nano-batches SplitNanoBatches makes,
 // without it of the whole wave. Per rank r and nano-batch n: linear over the
@@ -439,14 +459,15 @@ TEST(CadTest, OneDocumentOneRankIsTheColocatedTime) {
 // collectives, when the profile costs them, 1/4 forward, 3/4 backward) and
 // after it; CA = its load / 2e12 (efficiency 1 everywhere); the dispatch and
 // the return all-to-alls of its bytes (forward or backward share, split 0.64
-// / 0.36 forward, 0.52 / 0.48 backward) across nodes. A phase lasts as long
-// as its slowest rank. With L = o.model.num_layers:
-//   ping-pong on, fill and drain included:
-//     max_r before_0 + max_r max(before_1, out_0)                        (layer 1 opens)
-//     + L (max_r max(ca_0, out_1) + max_r max(ca_1, back_0))
-//     + (L - 1) (max_r max(after_0 + before_0, back_1) + max_r max(after_1 + before_1, out_0))
-//     + max_r max(after_0, back_1) + max_r after_1                        (layer L closes)
-//   ping-pong off: L sum_n (max_r before + max_r out + max_r ca + max_r back + max_r after)
+// / 0.36 forward, 0.52 / 0.48 backward) across nodes. Each rank keeps its own
+// clock; an exchange waits for both ranks' step before it and lasts as long
+// as the slower transfer. With L = o.model.num_layers:
+//   ping-pong on, fill and drain included, steps (compute | the exchange it
+//   hides): layer 1 opens with before_0 alone, then (before_1 | out_0);
+//   every layer then (ca_0 | out_1), (ca_1 | back_0), and the next opens
+//   with (after_0 + before_0 | back_1), (after_1 + before_1 | out_0); layer
+//   L closes with (after_0 | back_1), after_1 alone.
+//   ping-pong off, layer by layer: before, (| out), ca, (| back), after.
 // `steady`, when given, gets the ping-pong iteration without fill and drain
 // (every layer as the steady state).
 double PlannedIteration(const SimOptions& o, const std::vector<int64_t>& docs, PlanPolicy policy, bool ping_pong,
@@ -509,22 +530,40 @@ double PlannedIteration(const SimOptions& o, const std::vector<int64_t>& docs, P
         }
       }
     }
-    auto slowest = [](auto&& f) { return std::max(f(0), f(1)); };
     if (nn == 2) {
-      const double open = slowest([&](int r) { return before[0][r]; }) +
-                          slowest([&](int r) { return std::max(before[1][r], out[0][r]); });
-      const double attention = slowest([&](int r) { return std::max(ca[0][r], out[1][r]); }) +
-                               slowest([&](int r) { return std::max(ca[1][r], back[0][r]); });
-      const double boundary = slowest([&](int r) { return std::max(after[0][r] + before[0][r], back[1][r]); }) +
-                              slowest([&](int r) { return std::max(after[1][r] + before[1][r], out[0][r]); });
-      const double close = slowest([&](int r) { return std::max(after[0][r], back[1][r]); }) +
-                           slowest([&](int r) { return after[1][r]; });
-      pass_s[pass] = open + L * attention + (L - 1) * boundary + close;
-      steady_s[pass] = L * (attention + boundary);
+      // fill_drain false: every layer as the steady state.
+      auto run = [&](bool fill_drain) {
+        Clocks c;
+        for (int l = 0; l < int(L); ++l) {
+          const bool opens = fill_drain && l == 0;
+          if (opens)
+            c.Step([&](int r) { return before[0][r]; }, kZero);
+          else
+            c.Step([&](int r) { return after[0][r] + before[0][r]; }, [&](int r) { return back[1][r]; });
+          c.Step([&](int r) { return (opens ? 0.0 : after[1][r]) + before[1][r]; }, [&](int r) { return out[0][r]; });
+          c.Step([&](int r) { return ca[0][r]; }, [&](int r) { return out[1][r]; });
+          c.Step([&](int r) { return ca[1][r]; }, [&](int r) { return back[0][r]; });
+        }
+        if (fill_drain) {
+          c.Step([&](int r) { return after[0][r]; }, [&](int r) { return back[1][r]; });
+          c.Step([&](int r) { return after[1][r]; }, kZero);
+        }
+        return c.End();
+      };
+      pass_s[pass] = run(true);
+      steady_s[pass] = run(false);
     } else {
-      for (size_t n = 0; n < nn; ++n)
-        for (const Grid* g : {&before, &out, &ca, &back, &after})
-          pass_s[pass] += L * slowest([&](int r) { return (*g)[n][r]; });
+      Clocks c;
+      for (int l = 0; l < int(L); ++l) {
+        for (size_t n = 0; n < nn; ++n) {
+          c.Step([&](int r) { return before[n][r]; }, kZero);
+          c.Step(kZero, [&](int r) { return out[n][r]; });
+          c.Step([&](int r) { return ca[n][r]; }, kZero);
+          c.Step(kZero, [&](int r) { return back[n][r]; });
+          c.Step([&](int r) { return after[n][r]; }, kZero);
+        }
+      }
+      pass_s[pass] = c.End();
     }
   }
   const double head = k.HeadForward(head_tokens);
@@ -583,6 +622,36 @@ TEST(CadTest, CostsThePlannersTasksAndTraffic) {
   const double ours = SimulateOne(o, {docs}, SimStrategy::kDistca).bytes_moved;
   o.cad_wire = PlanWire::kDistcaArtifact;
   EXPECT_NE(SimulateOne(o, {docs}, SimStrategy::kDistca).bytes_moved, ours);
+}
+
+TEST(CadTest, RanksMeetOnlyAtTheirExchanges) {
+  // Ping holds a 512-token document on rank 0 and eight of 64 on rank 1,
+  // pong the mirror image (distca-paper takes the batch's halves in order).
+  // With nothing moved (eps 100) and no document cut, no rank exchanges
+  // anything: each runs its steps at its own pace, and the iteration is one
+  // rank's work (both do the same), not the sum of every step's slower rank.
+  SimOptions o = TestOptions();
+  o.comm_budget = 0;
+  o.tolerance = 100;
+  o.hardware.attention_efficiency = {{1.0, 1.0}};
+  std::vector<int64_t> docs = {512};
+  for (int i = 0; i < 16; ++i) docs.push_back(64);
+  docs.push_back(512);
+  const SimResult r = SimulateOne(o, {docs}, SimStrategy::kDistcaPaper);
+  ASSERT_EQ(r.bytes_moved, 0.0);
+  const sim::RankCosts k(o.model, o.hardware, o.tp);
+  const double L = o.model.num_layers, lin = k.LinearForward(512);
+  const double heavy = k.AttentionForward(0, 512), light = 8 * k.AttentionForward(0, 64);
+  ASSERT_GT(heavy, 2 * light);
+  const double head = k.HeadForward(1024);
+  // Forward: two nano-batches' linear work and both attentions a layer;
+  // backward: twice the linear work, 2.5 times the attention.
+  const double want = L * (2 * lin + heavy + light) + head + L * (2 * 2 * lin + 2.5 * (heavy + light)) + 2 * head;
+  EXPECT_NEAR(r.iteration_s, want, want * kRel);
+  // A barrier after every step would pay the heavy attention twice a layer.
+  const double barriers = L * (2 * lin + 2 * heavy) + head + L * (2 * 2 * lin + 2.5 * 2 * heavy) + 2 * head;
+  EXPECT_LT(r.iteration_s, barriers * 0.95);
+  EXPECT_NEAR(r.idle_fraction, 0.0, 1e-12);
 }
 
 TEST(ColocatedTest, LaterRankFetchesTheKvPrefixOfACutDocument) {
@@ -1285,6 +1354,40 @@ TEST(SimulateTest, SpeedupIsOverWlbIdeal) {
   EXPECT_GT(results[1].idle_per_batch[0], 0.0);
 }
 
+TEST(SimulateTest, CadMicroBatchesAreTheWavesOfTheStrategiesThatRunWaves) {
+  // 4 chunks as 4 micro-batches for the baselines, 2 waves for CAD: each
+  // strategy as if the run gave it its own count.
+  SimOptions o = TestOptions();
+  o.batch_size = 4;
+  o.micro_batches = 4;
+  o.cad_micro_batches = 2;
+  const std::vector<std::vector<int64_t>> batches = {{512, 1024, 256, 768, 1024, 512}};
+  const std::vector<SimStrategy> all = {SimStrategy::kWlbIdeal, SimStrategy::kMegatron, SimStrategy::kDistcaPaper,
+                                        SimStrategy::kDistca, SimStrategy::kColocated};
+  std::vector<SimResult> mixed, four, two;
+  ASSERT_TRUE(Simulate(o, batches, all, &mixed).ok());
+  SimOptions each = o;
+  each.cad_micro_batches = 0;
+  ASSERT_TRUE(Simulate(each, batches, all, &four).ok());
+  each.micro_batches = 2;
+  ASSERT_TRUE(Simulate(each, batches, all, &two).ok());
+  for (size_t i = 0; i < all.size(); ++i) {
+    const double want = RunsAsWaves(all[i]) ? two[i].iteration_s : four[i].iteration_s;
+    EXPECT_DOUBLE_EQ(mixed[i].iteration_s, want) << SimStrategyName(all[i]);
+    if (RunsAsWaves(all[i])) EXPECT_NE(two[i].iteration_s, four[i].iteration_s) << SimStrategyName(all[i]);
+  }
+  // Speedups are over wlb-ideal's own micro-batches.
+  EXPECT_DOUBLE_EQ(mixed[2].speedup, four[0].iteration_s / two[2].iteration_s);
+  // It needs the baselines' count, and holds as that count must.
+  o.micro_batches = 0;
+  EXPECT_TRUE(Contains(ValidateSimOptions(o), "CAD micro-batches apply with micro-batches set"));
+  o.micro_batches = 4;
+  o.cad_micro_batches = -1;
+  EXPECT_TRUE(Contains(ValidateSimOptions(o), "CAD micro-batches must be >= 0"));
+  o.cad_micro_batches = 1 << 30;
+  EXPECT_TRUE(Contains(ValidateSimOptions(o), "CAD micro-batches: "));
+}
+
 TEST(SimulateTest, RejectsBadOptionsAndBatches) {
   std::vector<SimResult> r;
   SimOptions o = TestOptions();
@@ -1497,6 +1600,10 @@ TEST(GridTest, PaperGridShapesAndCsv) {
   for (const GridPoint& p : points) {
     EXPECT_EQ(p.pp, 2);
     EXPECT_EQ(p.micro_batches, 8);
+    // CAD's micro-batches hold a ping and a pong chunk at least: where 8
+    // would cut finer (B = 8: 8B 512K on 64 and 128 GPUs, 34B 384K on 128
+    // and 256), 4.
+    EXPECT_EQ(p.cad_micro_batches, p.batch_size < 16 ? p.batch_size / 2 : 0) << p.Label();
     if (p.model == "llama-34b") {
       EXPECT_LE(p.max_doc_len, 384 * 1024);
       EXPECT_GE(p.gpus, 128);
@@ -1515,6 +1622,7 @@ TEST(GridTest, PaperGridShapesAndCsv) {
   for (const GridPoint& p : points) {
     EXPECT_DOUBLE_EQ(p.elongate, double(p.max_doc_len) / (128 * 1024));
     EXPECT_EQ(p.micro_batches, 2);
+    EXPECT_EQ(p.cad_micro_batches, 0) << p.Label();  // a count given for the grid holds for all
   }
   recipe.elongate_base = 0;
   EXPECT_FALSE(PaperGrid("3d", &points, recipe).ok());
@@ -1563,6 +1671,14 @@ TEST(GridTest, PaperGridShapesAndCsv) {
                 std::to_string(g.pp) + "," + std::to_string(g.max_doc_len) + "," + std::to_string(g.batch_size) +
                 ",distca-paper,1.500000,12345.6,1.2345,0.0625,12.500,10.250,1,3.500,2.1250,4,0.050," +
                 std::to_string(g.micro_batches) + ",0,whole-batch,0.125000" + settings);
+  // A row reports the micro-batches its strategy ran.
+  GridPoint fewer = g;
+  fewer.micro_batches = 8;
+  fewer.cad_micro_batches = 4;
+  EXPECT_NE(GridCsvRow(fewer, r, run, "whole").find(",0.050,4,0,"), std::string::npos);
+  r.strategy = SimStrategy::kWlbIdeal;
+  EXPECT_NE(GridCsvRow(fewer, r, run, "whole").find(",8,0,whole-batch"), std::string::npos);
+  r.strategy = SimStrategy::kDistcaPaper;
   // A profile's name with overrides holds commas (and could hold quotes):
   // the field is quoted, inner quotes doubled.
   run.hardware.name = "h200-dgx (linear_mfu=0.5, name=\"x\")";
