@@ -64,7 +64,7 @@ TEST(ArtifactTimesTest, FastestDegreeAndDistcasGainAsMeasured) {
     // mean over a few batches compares poorly): measured over predicted was
     // 0.96-1.05 (mean 1.00) when the 34B table was set to the kernel's
     // measured speed (2026-12-01; 1.13-1.25 at the 8B fit's 0.74), and is
-    // 0.96-1.03 (mean 0.99) with the rings at 42 GB/s.
+    // 0.96-1.04 (mean 1.00) with the rings at 45 GB/s.
     if (m.samples >= 30) {
       const double ratio = m.seconds / p.iteration_s;
       EXPECT_GT(ratio, 0.92) << m.run.mode << " cp " << m.run.cp << " t " << m.run.t;
@@ -94,8 +94,8 @@ TEST(ArtifactTimesTest, FastestDegreeAndDistcasGainAsMeasured) {
     ++degree_checks;
     // DistCA over the fastest degree, where DistCA ran the whole sample
     // (30 batches; one run stopped after 7): measured 1.063 at 256K,
-    // predicted 1.052 (1.039 with the rings at the NIC's nominal 50 GB/s:
-    // this gain and the 8B one below are what the profile's 42 GB/s is
+    // predicted 1.063 (1.056 with the rings at the NIC's nominal 50 GB/s:
+    // this gain and the 8B one below are what the profile's 45 GB/s is
     // fitted to).
     if (g.distca != nullptr && g.distca->samples >= 30) {
       const auto& best = g.wlb.at(fastest(false));
@@ -163,8 +163,8 @@ TEST(ArtifactTimesTest, Llama8bRunsAsMeasured) {
       add_batches("d2_ms", r[1]);
     }
   }
-  // Measured over predicted, each system's mean: 0.99-1.04 at the kernel's
-  // measured speed and the rings at 42 GB/s (2026-12-01; 1.16-1.33 at the
+  // Measured over predicted, each system's mean: 0.99-1.05 at the kernel's
+  // measured speed and the rings at 45 GB/s (2026-12-01; 1.16-1.33 at the
   // 0.74 the 8B table had been fitted to; 0.94-1.06 with eight chunk
   // micro-batches instead of one bin per replica).
   for (const auto& [column, times] : runs) {
@@ -172,11 +172,11 @@ TEST(ArtifactTimesTest, Llama8bRunsAsMeasured) {
     EXPECT_LT(times.first / times.second, 1.10) << column;
   }
   // Batch by batch: the root mean square of log(measured / predicted) over
-  // the 100 times is 0.055 (0.059 at 50 GB/s, 0.073 with chunk
+  // the 100 times is 0.057 (0.060 at 50 GB/s, 0.073 with chunk
   // micro-batches).
   EXPECT_LT(std::sqrt(sum_sq_log / double(runs.size() * rows.size())), 0.07);
   // DistCA over the fastest WLB degree: measured 1.066 (CP 4, 1.4% ahead of
-  // CP 8), predicted 1.068 (CP 8, 0.4% ahead of CP 4; 1.054 at 50 GB/s).
+  // CP 8), predicted 1.067 (CP 8, 0.6% ahead of CP 4; 1.059 at 50 GB/s).
   const auto fastest = [&](bool predicted) {
     double best = 1e300;
     for (const auto& [column, times] : runs)
