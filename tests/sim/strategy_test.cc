@@ -1374,7 +1374,9 @@ TEST(SimulateTest, CadMicroBatchesAreTheWavesOfTheStrategiesThatRunWaves) {
   for (size_t i = 0; i < all.size(); ++i) {
     const double want = RunsAsWaves(all[i]) ? two[i].iteration_s : four[i].iteration_s;
     EXPECT_DOUBLE_EQ(mixed[i].iteration_s, want) << SimStrategyName(all[i]);
-    if (RunsAsWaves(all[i])) EXPECT_NE(two[i].iteration_s, four[i].iteration_s) << SimStrategyName(all[i]);
+    if (RunsAsWaves(all[i])) {
+      EXPECT_NE(two[i].iteration_s, four[i].iteration_s) << SimStrategyName(all[i]);
+    }
   }
   // Speedups are over wlb-ideal's own micro-batches.
   EXPECT_DOUBLE_EQ(mixed[2].speedup, four[0].iteration_s / two[2].iteration_s);
