@@ -567,6 +567,11 @@ int Run(int argc, char** argv) {
     if (!listed({SimStrategy::kDistca, SimStrategy::kDistcaPaper}))
       if (const char* flag = distca::cli::FirstGiven(app, {"--tolerance", "--comm-budget", "--wire", "--no-ping-pong"}))
         return Fail(fmt::format("{} configures CAD: it needs distca or distca-paper among --strategies", flag));
+    if (app.count("--cad-micro-batches") > 0 &&
+        !listed({SimStrategy::kDistcaPaper, SimStrategy::kDistca, SimStrategy::kColocated}))
+      return Fail(
+          "--cad-micro-batches sets the waves of distca-paper, distca and colocated: it needs one of them among "
+          "--strategies");
     if (app.count("--cp") > 0 && !listed({SimStrategy::kWlbIdeal, SimStrategy::kMegatron}))
       return Fail("--cp fixes the baselines' CP degree: it needs wlb-ideal or megatron among --strategies");
     for (const char* flag : {"--wlb-scope", "--wlb-artifact-kv", "--wlb-breakpoint"})

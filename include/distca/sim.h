@@ -429,8 +429,12 @@ Status MeasuredBackwardFactor(const AttentionTable& table, double* factor, doubl
 // simulator's colocated prediction of each step (ShapeFromBatches on the
 // step's batch; options gives model, gpus, tp, pp and the rest) matches the
 // measured times, least squares in relative error. A colocated step costs
-// c + u a + s b exactly (u: linear time's multiplier, s: attention's, c:
-// transfers), so three simulations per step give a, b, c. Needs at least two
+// c + u a + s b (u: linear time's multiplier, s: attention's, c: transfers)
+// where every rank takes part in every exchange, and piecewise so where
+// some rank exchanges nothing (its clock runs on unsynchronized): three
+// simulations per step linearize it around the current (u, s), and the
+// least-squares solution is refined from there until it settles (at most 8
+// rounds); the predictions are simulated with the fitted profile. Needs at least two
 // steps whose attention shares differ (the fit is refused when the steps'
 // (linear, attention) columns are within about 2 degrees of each other);
 // fails (naming why) when it is degenerate or gives a linear MFU outside

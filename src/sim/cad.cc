@@ -394,8 +394,9 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
       }
       // The stage's pass over its layers, step by step, on a clock per rank:
       // each rank computes at its own pace, and an all-to-all starts when
-      // every rank has produced its data (the latest clock) and ends, for
-      // every rank that takes part, when its slowest transfer does. So a
+      // every rank with bytes in it has produced its data (the latest of
+      // their clocks) and ends, for each of them, when its slowest transfer
+      // does; a rank with none takes no part. So a
       // rank early out of one step starts the next step's compute early, and
       // only the exchanges synchronize (DistCA's all-to-all waits for its
       // peers' signals, and MPI's for their data, not for a barrier). A
@@ -406,9 +407,13 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
       const int layers = ctx.stage_layers;
       std::vector<double> clock(total_ranks, 0.0);
       auto step = [&](auto&& compute_of, auto&& comm_of) {
-        const double ready = *std::max_element(clock.begin(), clock.end());
-        double transfer = 0;
-        for (int r = 0; r < total_ranks; ++r) transfer = std::max(transfer, comm_of(r));
+        // The exchange's ranks: those with bytes in it.
+        double ready = 0, transfer = 0;
+        for (int r = 0; r < total_ranks; ++r) {
+          if (comm_of(r) <= 0) continue;
+          ready = std::max(ready, clock[r]);
+          transfer = std::max(transfer, comm_of(r));
+        }
         for (int r = 0; r < total_ranks; ++r) {
           const double with = compute_of(r, true), without = compute_of(r, false);
           o.busy_s[r] += without;

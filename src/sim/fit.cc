@@ -118,53 +118,69 @@ Status FitColocatedSteps(const std::vector<MeasuredStep>& steps, SimOptions* opt
   if (steps.size() < 2)
     return Status::InvalidArgument(
         fmt::format("fitting two constants needs at least two measured steps, got {}", steps.size()));
-  // Per step: seconds(u, s) = c + u a + s b, u multiplying the linear time
-  // (u = mfu0 / mfu) and s the attention time; a, b, c from three runs.
-  struct Terms {
-    double a, b, c, measured;
-  };
-  std::vector<Terms> terms;
+  // Per step, seconds(u, s) with the linear time multiplied by u and the
+  // attention time by s. Where every rank takes part in every exchange the
+  // ranks' clocks meet at each one and seconds = c + u a + s b exactly; a
+  // rank with no bytes in an exchange runs on unsynchronized, which makes
+  // it piecewise linear. So: linearize around the current (u, s) from three
+  // simulations per step (u and s each doubled), solve the least squares for
+  // the multipliers of u and s, and repeat from the solution until they
+  // settle (exact in one round where the time is linear over the doubling).
   const HardwareProfile base = options->hardware;
+  std::vector<SimOptions> shaped;
   for (size_t i = 0; i < steps.size(); ++i) {
     const MeasuredStep& step = steps[i];
     if (!(step.step_s > 0) || !std::isfinite(step.step_s))
       return Status::InvalidArgument(fmt::format("step {}: measured time must be positive, got {}", i, step.step_s));
     SimOptions o = *options;
     DISTCA_RETURN_IF_ERROR(ShapeFromBatches({step.lengths}, &o).WithContext(fmt::format("step {}", i)));
-    double t11 = 0, t21 = 0, t12 = 0;
-    DISTCA_RETURN_IF_ERROR(ColocatedSeconds(o, step.lengths, &t11).WithContext(fmt::format("step {}", i)));
-    o.hardware.linear_mfu = base.linear_mfu / 2;  // linear time x 2
-    DISTCA_RETURN_IF_ERROR(ColocatedSeconds(o, step.lengths, &t21));
+    shaped.push_back(std::move(o));
+  }
+  // Step i's simulated seconds with linear time x u and attention x s.
+  auto seconds_at = [&](size_t i, double u, double s, double* t) {
+    SimOptions o = shaped[i];
     o.hardware = base;
-    ScaleAttention(2.0, &o.hardware);
-    DISTCA_RETURN_IF_ERROR(ColocatedSeconds(o, step.lengths, &t12));
-    const double a = t21 - t11, b = t12 - t11;
-    terms.push_back({a, b, t11 - a - b, step.step_s});
+    o.hardware.linear_mfu = base.linear_mfu / u;
+    ScaleAttention(s, &o.hardware);
+    return ColocatedSeconds(o, steps[i].lengths, t).WithContext(fmt::format("step {}", i));
+  };
+  double u = 1, s = 1;
+  constexpr int kRounds = 8;
+  for (int round = 0; round < kRounds; ++round) {
+    // Per step around (u, s): seconds(x u, y s) = c + x a + y b.
+    double saa = 0, sab = 0, sbb = 0, sar = 0, sbr = 0;
+    for (size_t i = 0; i < steps.size(); ++i) {
+      double t11 = 0, t21 = 0, t12 = 0;
+      DISTCA_RETURN_IF_ERROR(seconds_at(i, u, s, &t11));
+      DISTCA_RETURN_IF_ERROR(seconds_at(i, 2 * u, s, &t21));
+      DISTCA_RETURN_IF_ERROR(seconds_at(i, u, 2 * s, &t12));
+      const double a = t21 - t11, b = t12 - t11, c = t11 - a - b, m = steps[i].step_s;
+      // Least squares in relative error: rows (a, b) / m, right side (m - c) / m.
+      const double x = a / m, y = b / m, r = (m - c) / m;
+      saa += x * x;
+      sab += x * y;
+      sbb += y * y;
+      sar += x * r;
+      sbr += y * r;
+    }
+    // det / (saa sbb) is the squared sine of the angle between the linear
+    // and attention columns: below 1e-3 (about 2 degrees) measurement noise
+    // of a few percent would swing the two constants by far more than that.
+    const double det = saa * sbb - sab * sab, sin2 = det / (saa * sbb);
+    if (!(sin2 > 1e-3))
+      return Status::InvalidArgument(fmt::format(
+          "the measured steps do not tell linear from attention time apart (their attention shares are too alike: "
+          "sin^2 of the angle between them is {:.2g}, needs > 1e-3)",
+          sin2));
+    const double x = (sar * sbb - sbr * sab) / det, y = (saa * sbr - sab * sar) / det;
+    if (!(x > 0) || !(y > 0))
+      return Status::InvalidArgument(fmt::format(
+          "the fit gives a non-positive {} time multiplier ({}): the measured steps are not explained by the model",
+          x > 0 ? "attention" : "linear", x > 0 ? y * s : x * u));
+    u *= x;
+    s *= y;
+    if (std::abs(x - 1) < 1e-12 && std::abs(y - 1) < 1e-12) break;
   }
-  // Least squares in relative error: rows (a, b) / m, right side (m - c) / m.
-  double saa = 0, sab = 0, sbb = 0, sar = 0, sbr = 0;
-  for (const Terms& t : terms) {
-    const double x = t.a / t.measured, y = t.b / t.measured, r = (t.measured - t.c) / t.measured;
-    saa += x * x;
-    sab += x * y;
-    sbb += y * y;
-    sar += x * r;
-    sbr += y * r;
-  }
-  // det / (saa sbb) is the squared sine of the angle between the linear and
-  // attention columns: below 1e-3 (about 2 degrees) measurement noise of a
-  // few percent would swing the two constants by far more than that.
-  const double det = saa * sbb - sab * sab, sin2 = det / (saa * sbb);
-  if (!(sin2 > 1e-3))
-    return Status::InvalidArgument(fmt::format(
-        "the measured steps do not tell linear from attention time apart (their attention shares are too alike: "
-        "sin^2 of the angle between them is {:.2g}, needs > 1e-3)",
-        sin2));
-  const double u = (sar * sbb - sbr * sab) / det, s = (saa * sbr - sab * sar) / det;
-  if (!(u > 0) || !(s > 0))
-    return Status::InvalidArgument(fmt::format(
-        "the fit gives a non-positive {} time multiplier ({}): the measured steps are not explained by the model",
-        u > 0 ? "attention" : "linear", u > 0 ? s : u));
   HardwareProfile fitted = base;
   fitted.linear_mfu = base.linear_mfu / u;
   ScaleAttention(s, &fitted);
@@ -187,10 +203,14 @@ Status FitColocatedSteps(const std::vector<MeasuredStep>& steps, SimOptions* opt
   ProfileFit out;
   out.linear_mfu = fitted.linear_mfu;
   out.attention_factor = s;
-  for (const Terms& t : terms) {
-    const double p = t.c + u * t.a + s * t.b;
+  // The predictions are what the fitted profile simulates.
+  for (size_t i = 0; i < steps.size(); ++i) {
+    SimOptions o = shaped[i];
+    o.hardware = fitted;
+    double p = 0;
+    DISTCA_RETURN_IF_ERROR(ColocatedSeconds(o, steps[i].lengths, &p).WithContext(fmt::format("step {}", i)));
     out.predicted_s.push_back(p);
-    out.max_relative_error = std::max(out.max_relative_error, std::abs(p / t.measured - 1));
+    out.max_relative_error = std::max(out.max_relative_error, std::abs(p / steps[i].step_s - 1));
   }
   options->hardware = std::move(fitted);
   *fit = std::move(out);
