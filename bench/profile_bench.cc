@@ -226,12 +226,15 @@ bool RunProfileBench(const ProfileBenchOptions& o, std::string* error) {
         "median round trip between ranks 0 and 1: {:.1f} us for 8 B, {:.2f} GB/s for {} MiB; memory = physical RAM / "
         "ranks. linear_mfu ({:.3f}) and the attention level (table scale and curve, x {:.3f}) fitted to the "
         "colocated step times of the training benchmark's {} mixes ({} tokens per rank, median of {} run(s) x {} "
-        "step(s)), largest error {:.1f}%.",
+        "step(s)), largest error {:.1f}%{}.",
         o.short_mode ? " --short" : "", o.reps != ProfileBenchOptions{}.reps ? fmt::format(" --reps {}", o.reps) : "",
         o.model != ProfileBenchOptions{}.model ? " --model " + o.model : "", comm.size(), comm.backend(), m.name,
         m.q_heads, m.kv_heads, m.head_dim(), p.peak_flops * 1e-9, table_file, forward_table_file, backward_text,
         small_s * 1e6, bandwidth * 1e-9, large >> 20, fit.linear_mfu, fit.attention_factor, results.size(),
-        tokens_per_rank, reps, base.steps - 1, fit.max_relative_error * 100);
+        tokens_per_rank, reps, base.steps - 1, fit.max_relative_error * 100,
+        fit.attention_at_peak ? "; the attention level held at the fastest the measured peak allows (the "
+                                "least-squares level lay just beyond it)"
+                              : "");
     DISTCA_RETURN_IF_ERROR(WriteTextFile(o.out, HardwareProfileJson(so.hardware)));
     // What the simulator will read: the written files, loaded back.
     DISTCA_RETURN_IF_ERROR(LoadHardwareProfile(o.out, &so.hardware).WithContext("reading back"));
@@ -261,6 +264,7 @@ bool RunProfileBench(const ProfileBenchOptions& o, std::string* error) {
                                   {"bandwidth", bandwidth},
                                   {"linear_mfu", fit.linear_mfu},
                                   {"attention_factor", fit.attention_factor},
+                                  {"attention_at_peak", fit.attention_at_peak},
                                   {"mixes", nlohmann::ordered_json::array()}};
       for (const MixResult& r : results)
         j["mixes"].push_back({{"mix", r.name},

@@ -117,6 +117,11 @@ Status LoadHardwareProfile(const std::string& path, HardwareProfile* profile,
 // faster than the device can be: no grid point's seconds (times the table's
 // scale) below its task's forward FLOPs at peak_flops.
 Status ValidateAttentionTable(const AttentionTable& table, double peak_flops = 0);
+// The smallest scale at which that last check holds for the table: the
+// largest over its grid points (and its forward table's) of the task's
+// forward FLOPs at peak_flops over the point's unscaled seconds; 0 when
+// peak_flops is not positive. Errors: the table does not parse.
+Status MinimumTableScale(const AttentionTable& table, double peak_flops, double* scale);
 // The profile as ParseHardwareProfile reads it (tables by file name; their
 // csv is not written).
 std::string HardwareProfileJson(const HardwareProfile& profile);
@@ -406,6 +411,9 @@ struct ProfileFit {
   double attention_factor = 0;
   std::vector<double> predicted_s;  // per step, with the fitted profile
   double max_relative_error = 0;    // |predicted / measured - 1|, largest over steps
+  // The attention level is held at the fastest the device's peak allows
+  // (the least-squares solution lay just beyond it; FitColocatedSteps).
+  bool attention_at_peak = false;
 };
 
 // An efficiency curve (HardwareProfile::attention_efficiency) from a
@@ -434,7 +442,11 @@ Status MeasuredBackwardFactor(const AttentionTable& table, double* factor, doubl
 // some rank exchanges nothing (its clock runs on unsynchronized): three
 // simulations per step linearize it around the current (u, s), and the
 // least-squares solution is refined from there until it settles (at most 8
-// rounds); the predictions are simulated with the fitted profile. Needs at least two
+// rounds); the predictions are simulated with the fitted profile. No
+// attention table may run faster than peak_flops, nor the curve, where it
+// serves the model, above 1: a solution within 10% beyond that bound is held
+// at it (attention_at_peak; peak_flops is itself measured), one further is
+// refused. Needs at least two
 // steps whose attention shares differ (the fit is refused when the steps'
 // (linear, attention) columns are within about 2 degrees of each other);
 // fails (naming why) when it is degenerate or gives a linear MFU outside

@@ -144,6 +144,25 @@ Status FitColocatedSteps(const std::vector<MeasuredStep>& steps, SimOptions* opt
     ScaleAttention(s, &o.hardware);
     return ColocatedSeconds(o, steps[i].lengths, t).WithContext(fmt::format("step {}", i));
   };
+  // Nothing runs faster than the device's peak: where a table would (or the
+  // efficiency curve, when it serves the model, would pass 1), the
+  // attention factor is bounded below. peak_flops is itself measured (one
+  // thread's sgemm rate on the cpu profile, which a near-peak attention
+  // kernel can match within noise), so a solution within kPeakSlack of the
+  // bound is held at it, the linear multiplier refitted alone; one further
+  // below is refused by the checks after the fit.
+  constexpr double kPeakSlack = 1.1;
+  const bool table_serves = sim::RankCosts(options->model, base, options->tp).measured_attention();
+  double s_floor = 0;
+  for (const AttentionTable& t : base.attention_tables) {
+    double least = 0;
+    DISTCA_RETURN_IF_ERROR(MinimumTableScale(t, base.peak_flops, &least).WithContext("table '" + t.file + "'"));
+    if (t.scale > 0) s_floor = std::max(s_floor, least / t.scale);
+  }
+  if (!table_serves)
+    for (const auto& [q, f] : base.attention_efficiency) s_floor = std::max(s_floor, f);
+  s_floor *= 1 + 1e-9;  // held at the bound, a table passes its check despite rounding
+  bool at_peak = false;
   double u = 1, s = 1;
   constexpr int kRounds = 8;
   for (int round = 0; round < kRounds; ++round) {
@@ -172,7 +191,14 @@ Status FitColocatedSteps(const std::vector<MeasuredStep>& steps, SimOptions* opt
           "the measured steps do not tell linear from attention time apart (their attention shares are too alike: "
           "sin^2 of the angle between them is {:.2g}, needs > 1e-3)",
           sin2));
-    const double x = (sar * sbb - sbr * sab) / det, y = (saa * sbr - sab * sar) / det;
+    double x = (sar * sbb - sbr * sab) / det, y = (saa * sbr - sab * sar) / det;
+    at_peak = y * s < s_floor && y * s >= s_floor / kPeakSlack;
+    if (at_peak) {
+      // The attention multiplier at the bound, the linear one the least
+      // squares for it.
+      y = s_floor / s;
+      x = (sar - y * sab) / saa;
+    }
     if (!(x > 0) || !(y > 0))
       return Status::InvalidArgument(fmt::format(
           "the fit gives a non-positive {} time multiplier ({}): the measured steps are not explained by the model",
@@ -191,18 +217,24 @@ Status FitColocatedSteps(const std::vector<MeasuredStep>& steps, SimOptions* opt
   // The curve must stay a fraction of peak. Where a table serves the model
   // the curve serves other head shapes only and is capped at 1; where the
   // curve itself was fitted, a fraction above 1 is an error.
-  const bool table_serves = sim::RankCosts(options->model, fitted, options->tp).measured_attention();
   for (auto& [q, f] : fitted.attention_efficiency) {
-    if (f <= 1) continue;
+    if (f <= 1 + 1e-9) {  // at the bound, within rounding
+      f = std::min(f, 1.0);
+      continue;
+    }
     if (!table_serves)
       return Status::InvalidArgument(fmt::format(
           "the fitted attention efficiency at {} query rows is {:.3f}, above 1: is peak_flops ({:.4g}) too low?", q, f,
           fitted.peak_flops));
     f = 1.0;
   }
+  for (const AttentionTable& t : fitted.attention_tables)
+    DISTCA_RETURN_IF_ERROR(ValidateAttentionTable(t, fitted.peak_flops)
+                               .WithContext(fmt::format("the fitted attention level (x {:.3f})", s)));
   ProfileFit out;
   out.linear_mfu = fitted.linear_mfu;
   out.attention_factor = s;
+  out.attention_at_peak = at_peak;
   // The predictions are what the fitted profile simulates.
   for (size_t i = 0; i < steps.size(); ++i) {
     SimOptions o = shaped[i];

@@ -289,10 +289,21 @@ std::string HardwareProfileJson(const HardwareProfile& p) {
   return out + "}\n";
 }
 
-Status ValidateAttentionTable(const AttentionTable& t, double peak_flops) {
+namespace {
+
+// The table's grid cell that needs the largest scale to stay no faster than
+// peak_flops (its task's forward FLOPs at peak over its unscaled seconds).
+struct BindingCell {
+  double scale = 0;  // the smallest scale the cell allows
+  double q = 0, kv = 0, seconds = 0, flops = 0;
+  bool forward = false;  // a cell of the forward table
+};
+
+Status FindBindingCell(const AttentionTable& t, double peak_flops, BindingCell* out) {
   CostModel total;
   std::optional<CostModel> forward;
   DISTCA_RETURN_IF_ERROR(sim::ParseAttentionTable(t, &total, &forward));
+  *out = BindingCell{};
   if (!(peak_flops > 0)) return Status::Ok();
   // Either table's task does at least the forward pass's work: the
   // planner's FLOP cost of one causal pair, times the task's pairs.
@@ -302,17 +313,34 @@ Status ValidateAttentionTable(const AttentionTable& t, double peak_flops) {
     const size_t nk = m->kv_grid().size();
     for (size_t i = 0; i < m->grid_seconds().size(); ++i) {
       const double q = m->q_grid()[i / nk], kv = m->kv_grid()[i % nk];
-      const double seconds = t.scale * m->grid_seconds()[i];
       // Cells with kv < q hold the (kv, kv) point.
       const double flops = flops_per_pair * CausalPairsReal(std::min(q, kv), kv);
-      if (flops > peak_flops * seconds)
-        return Status::InvalidArgument(fmt::format(
-            "{}table '{}': at q_len {:g}, kv_len {:g}, {:g} s (scale {:g} included) is faster than the device can "
-            "be: its forward pass alone takes {:g} s at peak_flops {:g}",
-            m == &total ? "" : "forward ", m == &total ? t.file : t.forward_file, q, kv, seconds, t.scale,
-            flops / peak_flops, peak_flops));
+      const double needed = flops / (peak_flops * m->grid_seconds()[i]);
+      if (needed > out->scale) *out = {needed, q, kv, m->grid_seconds()[i], flops, m != &total};
     }
   }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status ValidateAttentionTable(const AttentionTable& t, double peak_flops) {
+  BindingCell cell;
+  DISTCA_RETURN_IF_ERROR(FindBindingCell(t, peak_flops, &cell));
+  if (t.scale * cell.seconds * peak_flops < cell.flops)
+    return Status::InvalidArgument(fmt::format(
+        "{}table '{}': at q_len {:g}, kv_len {:g}, {:g} s (scale {:g} included) is faster than the device can "
+        "be: its forward pass alone takes {:g} s at peak_flops {:g}",
+        cell.forward ? "forward " : "", cell.forward ? t.forward_file : t.file, cell.q, cell.kv, t.scale * cell.seconds,
+        t.scale, cell.flops / peak_flops, peak_flops));
+  return Status::Ok();
+}
+
+Status MinimumTableScale(const AttentionTable& t, double peak_flops, double* scale) {
+  if (scale == nullptr) return Status::InvalidArgument("scale is null");
+  BindingCell cell;
+  DISTCA_RETURN_IF_ERROR(FindBindingCell(t, peak_flops, &cell));
+  *scale = cell.scale;
   return Status::Ok();
 }
 

@@ -297,6 +297,46 @@ TEST(MeasuredBackwardFactorTest, MedianOverWholeDocumentTasks) {
   EXPECT_TRUE(Contains(MeasuredBackwardFactor(rows, &factor), "no whole-document"));
 }
 
+TEST(FitColocatedStepsTest, HoldsAttentionAtThePeakJustBeyondIt) {
+  // Attention 5% faster than the curve's top (1.0 at 1024 rows) allows:
+  // within the slack for a measured peak, the level is held at the bound
+  // and the linear MFU refitted alone; the steps are then close, not exact.
+  FitCase f = MakeCase(0.2, 0.95);
+  ProfileFit fit;
+  const Status s = FitColocatedSteps(f.steps, &f.options, &fit);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_TRUE(fit.attention_at_peak);
+  EXPECT_NEAR(fit.attention_factor, 1.0, 1e-6);
+  EXPECT_NEAR(f.options.hardware.attention_efficiency.back().second, 1.0, 1e-8);
+  EXPECT_LE(f.options.hardware.attention_efficiency.back().second, 1.0);
+  EXPECT_GT(fit.max_relative_error, 1e-4);
+  EXPECT_LT(fit.max_relative_error, 0.05);
+  for (size_t i = 0; i < f.steps.size(); ++i)
+    EXPECT_NEAR(SimulatedStepSeconds(f.options, f.steps[i]) / fit.predicted_s[i], 1.0, 1e-12) << i;
+  // Not held where the solution lies within the bound.
+  FitCase g = MakeCase(0.2, 1.6);
+  ASSERT_TRUE(FitColocatedSteps(g.steps, &g.options, &fit).ok());
+  EXPECT_FALSE(fit.attention_at_peak);
+}
+
+TEST(MinimumTableScaleTest, TheScaleAtWhichTheTableMeetsThePeak) {
+  // 4 x 2 heads of 16: a 64-row whole-document task does 2080 causal pairs
+  // of 4 x 4 x 16 forward FLOPs each (4 per head and head dimension: the
+  // planner's cost), 5.3248e5 in all: at a peak of 1e10 FLOP/s, 5.3248e-5
+  // s; its cell says 2e-5 s, so the table needs a scale of at least 2.6624.
+  const char* csv = "q_len,kv_len,seconds\n64,64,2e-5\n64,4096,2e-2\n4096,4096,4e-1\n";
+  AttentionTable t{"t.csv", 4, 2, 16, 1.0, csv};
+  double least = 0;
+  ASSERT_TRUE(MinimumTableScale(t, 1e10, &least).ok());
+  EXPECT_NEAR(least, 5.3248e-5 / 2e-5, 1e-9);
+  t.scale = least * (1 + 1e-9);
+  EXPECT_TRUE(ValidateAttentionTable(t, 1e10).ok());
+  t.scale = least * (1 - 1e-9);
+  EXPECT_TRUE(Contains(ValidateAttentionTable(t, 1e10), "at q_len 64, kv_len 64"));
+  ASSERT_TRUE(MinimumTableScale(t, 0, &least).ok());
+  EXPECT_EQ(least, 0.0);
+}
+
 TEST(FitColocatedStepsTest, RefusesWhatCannotBeFitted) {
   FitCase f = MakeCase(0.2, 1.0);
   ProfileFit fit;
