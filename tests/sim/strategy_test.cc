@@ -599,11 +599,12 @@ TEST(CadTest, CostsThePlannersTasksAndTraffic) {
   // takes the first, distca the second.
   for (const std::vector<int64_t>& docs :
        {std::vector<int64_t>{1024, 256, 256, 256, 256}, std::vector<int64_t>{256, 256, 1024, 256, 256}})
-    // 1 layer (no steady boundary), 2 and 3; with and without the TP
+    // 1 layer (no steady boundary), 2, 3 and 40 (the reference runs every
+    // layer, the simulator adds the layers after a steady one at once); with and without the TP
     // collectives; each strategy's own wire format, and both forced.
     for (std::optional<PlanWire> wire : {std::optional<PlanWire>(), std::optional<PlanWire>(PlanWire::kDistca),
                                          std::optional<PlanWire>(PlanWire::kDistcaArtifact)}) {
-      for (int layers : {1, 2, 3}) {
+      for (int layers : {1, 2, 3, 40}) {
         o.cad_wire = wire;
         for (bool collectives : {false, true}) {
           o.model.num_layers = layers;
@@ -619,10 +620,11 @@ TEST(CadTest, CostsThePlannersTasksAndTraffic) {
               const double want = PlannedIteration(o, docs, policy, ping_pong, &bytes, 1024, &steady, &barrier);
               ASSERT_GT(bytes, 0) << what;
               // Fill and drain only add; without the collectives' extra cover
-              // this case exposes traffic at the pass's ends, so they show.
+              // this case exposes traffic at the pass's ends, so they show
+              // (by over 0.1% with a few layers; 40 dilute them).
               if (ping_pong) {
                 EXPECT_GE(want, steady) << what;
-                if (!collectives) {
+                if (!collectives && layers <= 3) {
                   EXPECT_GT(want, steady * (1 + 1e-3)) << what;
                 }
               }
