@@ -73,6 +73,7 @@ Status Sample(const std::vector<int64_t>& pool, const Args& a, const SimOptions&
 }
 
 using distca::IsCadStrategy;
+using distca::RunsAsWaves;
 
 nlohmann::json ToJson(const Args& a, const SimOptions& o, const SimResult& r) {
   const std::optional<distca::PlanWire> wire = distca::StrategyWire(r.strategy, o);
@@ -567,8 +568,7 @@ int Run(int argc, char** argv) {
     if (!listed({SimStrategy::kDistca, SimStrategy::kDistcaPaper}))
       if (const char* flag = distca::cli::FirstGiven(app, {"--tolerance", "--comm-budget", "--wire", "--no-ping-pong"}))
         return Fail(fmt::format("{} configures CAD: it needs distca or distca-paper among --strategies", flag));
-    if (app.count("--cad-micro-batches") > 0 &&
-        !listed({SimStrategy::kDistcaPaper, SimStrategy::kDistca, SimStrategy::kColocated}))
+    if (app.count("--cad-micro-batches") > 0 && std::none_of(strategies.begin(), strategies.end(), RunsAsWaves))
       return Fail(
           "--cad-micro-batches sets the waves of distca-paper, distca and colocated: it needs one of them among "
           "--strategies");

@@ -205,6 +205,19 @@ bool IsCadStrategy(SimStrategy strategy) {
 
 bool RunsAsWaves(SimStrategy strategy) { return Entry(strategy).cp != CpChoice::kSweep; }
 
+namespace {
+
+// The options the strategies that run as waves see: their own count
+// (cad_micro_batches) as micro_batches. REQUIRES: cad_micro_batches > 0.
+SimOptions WaveOptions(const SimOptions& o) {
+  SimOptions w = o;
+  w.micro_batches = o.cad_micro_batches;
+  w.cad_micro_batches = 0;
+  return w;
+}
+
+}  // namespace
+
 std::optional<PlanWire> StrategyWire(SimStrategy strategy, const SimOptions& options) {
   switch (strategy) {
     case SimStrategy::kDistcaPaper:
@@ -309,10 +322,7 @@ Status ValidateSimOptions(const SimOptions& o) {
     if (o.micro_batches == 0)
       return Status::InvalidArgument("CAD micro-batches apply with micro-batches set (the baselines' count)");
     // The waves must hold as the baselines' micro-batches must.
-    SimOptions cad = o;
-    cad.micro_batches = o.cad_micro_batches;
-    cad.cad_micro_batches = 0;
-    DISTCA_RETURN_IF_ERROR(ValidateSimOptions(cad).WithContext("CAD micro-batches"));
+    DISTCA_RETURN_IF_ERROR(ValidateSimOptions(WaveOptions(o)).WithContext("CAD micro-batches"));
   }
   // Micro-batches in all: given, a replica of one rank (cp 1) runs m of
   // them, G such replicas m G; else one per chunk, B, whatever the replicas.
@@ -381,12 +391,7 @@ Status Simulate(const SimOptions& options, const std::vector<std::vector<int64_t
   const sim::SimContext ctx(options);
   // The strategies that run as waves, with their own count if given.
   std::optional<sim::SimContext> own_waves;
-  if (options.cad_micro_batches > 0) {
-    SimOptions w = options;
-    w.micro_batches = options.cad_micro_batches;
-    w.cad_micro_batches = 0;
-    own_waves.emplace(w);
-  }
+  if (options.cad_micro_batches > 0) own_waves.emplace(WaveOptions(options));
   const sim::SimContext& wave_ctx = own_waves ? *own_waves : ctx;
   const int n = static_cast<int>(batches.size());
   // No more threads than batches, nor than the flag allows: the default

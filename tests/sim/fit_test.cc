@@ -74,6 +74,20 @@ struct FitCase {
   std::vector<MeasuredStep> steps;
 };
 
+// Each batch's colocated step time under `truth`: steps "measured" by the
+// simulator itself.
+std::vector<MeasuredStep> MeasuredUnder(const SimOptions& truth, const std::vector<std::vector<int64_t>>& batches) {
+  std::vector<MeasuredStep> steps;
+  for (const auto& b : batches) {
+    SimOptions o = truth;
+    EXPECT_TRUE(ShapeFromBatches({b}, &o).ok());
+    std::vector<SimResult> r;
+    EXPECT_TRUE(Simulate(o, {b}, {SimStrategy::kColocated}, &r).ok());
+    steps.push_back({b, r.empty() ? 0.0 : r[0].iteration_s});
+  }
+  return steps;
+}
+
 FitCase MakeCase(double true_mfu, double true_attention) {
   FitCase f;
   f.options = sim_test::TestOptions();
@@ -88,13 +102,7 @@ FitCase MakeCase(double true_mfu, double true_attention) {
   SimOptions truth = f.options;
   truth.hardware.linear_mfu = true_mfu;
   for (auto& point : truth.hardware.attention_efficiency) point.second /= true_attention;
-  for (const auto& b : batches) {
-    SimOptions o = truth;
-    EXPECT_TRUE(ShapeFromBatches({b}, &o).ok());
-    std::vector<SimResult> r;
-    EXPECT_TRUE(Simulate(o, {b}, {SimStrategy::kColocated}, &r).ok());
-    f.steps.push_back({b, r.at(0).iteration_s});
-  }
+  f.steps = MeasuredUnder(truth, batches);
   return f;
 }
 
@@ -141,14 +149,7 @@ TEST(FitColocatedStepsTest, RecoversTheConstantsWhereSomeRanksExchangeNothing) {
   truth.hardware.linear_mfu = 0.4;
   for (auto& point : truth.hardware.attention_efficiency) point.second *= 0.8;
   for (auto& point : base.hardware.attention_efficiency) point.second *= 0.4;
-  std::vector<MeasuredStep> steps;
-  for (const auto& b : batches) {
-    SimOptions o = truth;
-    ASSERT_TRUE(ShapeFromBatches({b}, &o).ok());
-    std::vector<SimResult> r;
-    ASSERT_TRUE(Simulate(o, {b}, {SimStrategy::kColocated}, &r).ok());
-    steps.push_back({b, r.at(0).iteration_s});
-  }
+  const std::vector<MeasuredStep> steps = MeasuredUnder(truth, batches);
   ProfileFit fit;
   SimOptions o = base;
   const Status s = FitColocatedSteps(steps, &o, &fit);
