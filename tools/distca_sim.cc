@@ -214,6 +214,7 @@ int RunGrid(const Args& a, const std::vector<int64_t>& pool, const std::vector<d
   distca::WallTimer timer;
   fmt::print("{} grid on {}, {} batches per configuration ({} packing)\n", a.paper_grid, a.sim.hardware.name, a.batches,
              a.packing);
+  std::fflush(stdout);  // the lines print as the points complete, even into a file
   const std::string base = a.out_dir + "/grid_" + a.paper_grid;
   std::string csv = distca::GridCsvHeader();
   bool any_over = false;  // some strategy at some point does not fit
@@ -312,6 +313,7 @@ int RunToleranceSweep(const Args& a, const std::vector<std::vector<int64_t>>& ba
         fmt::print("{:>5.2f} {:<13} {:>9.4f} {:>8.3f}GB {:>10.1f}GB\n", eps, distca::SimStrategyName(r.strategy),
                    r.iteration_s, r.max_buffer_bytes * 1e-9, r.bytes_moved * 1e-9);
     }
+    std::fflush(stdout);
   }
   if (a.out_dir.empty()) return 0;
   const SimOptions& o = a.sim;

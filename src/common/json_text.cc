@@ -30,7 +30,7 @@ Status ParseJsonText(std::string_view text, const std::string& what, nlohmann::j
     } else if (event == Event::object_end) {
       keys.pop_back();
     } else if (event == Event::key && !keys.back().insert(parsed.get<std::string>()).second) {
-      throw Refused{"key \"" + parsed.get<std::string>() + "\" appears twice in one object"};
+      throw Refused{"key \"" + Excerpt(parsed.get<std::string>()) + "\" appears twice in one object"};
     }
     return true;
   };
@@ -55,7 +55,12 @@ std::string JsonExceptionWhy(const nlohmann::json::exception& e) {
   std::string why = e.what();
   if (const size_t tag_end = why.find("] "); why.rfind("[json.exception.", 0) == 0 && tag_end != std::string::npos)
     why = why.substr(tag_end + 2);
-  return why;
+  return Excerpt(why, 300);
+}
+
+std::string Excerpt(std::string_view text, size_t max) {
+  if (text.size() <= max) return std::string(text);
+  return std::string(text.substr(0, max)) + "... (" + std::to_string(text.size()) + " characters)";
 }
 
 }  // namespace distca

@@ -78,7 +78,8 @@ class LengthsReader {
   }
   bool key(std::string& k) {
     // Only the docs file has an object, at depth 1.
-    if (k != "batches") return Fail(fmt::format("docs file: unknown key \"{}\" (it holds \"batches\" only)", k));
+    if (k != "batches")
+      return Fail(fmt::format("docs file: unknown key \"{}\" (it holds \"batches\" only)", Excerpt(k)));
     if (seen_batches_) return Fail("docs file is not valid JSON: key \"batches\" appears twice in one object");
     seen_batches_ = true;
     return true;

@@ -42,6 +42,9 @@ Status CheckLayout(const Plan& plan);
 // from-scratch recomputation by BuildPlan). eps is the tolerance to plan for.
 Status PlanColocated(const CostModel& cost, Plan* plan, std::vector<double>* loads);
 Status PlanPaper(const CostModel& cost, double eps, Plan* plan, std::vector<double>* loads);
+// PlanPaper reading every item at every step, as published: the same plan,
+// in time quadratic in the items (the reference for tests).
+Status PlanPaperFullScan(const CostModel& cost, double eps, Plan* plan, std::vector<double>* loads);
 Status PlanDistca(const CostModel& cost, double eps, Plan* plan, std::vector<double>* loads);
 // PlanDistca without its fallback: the greedy's own plan, bound_met saying
 // whether the greedy alone met the bound (for tests of the greedy).

@@ -204,13 +204,20 @@ class DistcaPlanner {
   // With FLOPs costs add up and none of this runs.
   const bool merge_aware_;
   std::map<std::tuple<int, int, int64_t>, int> starting_;
+  // Index / Unindex keep both indexes (by first row, and the server's
+  // tasks by q_end) in step with a task's rows and server: unindex before
+  // changing them, index after.
   void Index(int task) {
     const PlanTask& t = plan_.tasks[task];
-    if (merge_aware_ && t.q_begin < t.q_end) starting_[{t.doc, t.server, t.q_begin}] = task;
+    if (t.q_begin >= t.q_end) return;
+    server_tasks_[t.server].insert({-t.q_end, task});
+    if (merge_aware_) starting_[{t.doc, t.server, t.q_begin}] = task;
   }
   void Unindex(int task) {
     const PlanTask& t = plan_.tasks[task];
-    if (merge_aware_ && t.q_begin < t.q_end) starting_.erase({t.doc, t.server, t.q_begin});
+    if (t.q_begin >= t.q_end) return;
+    server_tasks_[t.server].erase({-t.q_end, task});
+    if (merge_aware_) starting_.erase({t.doc, t.server, t.q_begin});
   }
   // The server's task of the document that starts at `row`, or -1.
   int TaskStartingAt(int doc, int server, int64_t row) const {
@@ -220,8 +227,12 @@ class DistcaPlanner {
   }
   double cap_ = 0;
   std::vector<double> load_;
-  std::vector<std::vector<int>> server_tasks_;  // tasks per server
-  std::vector<std::vector<KvState>> kv_;        // per document: servers with K/V of it, in arrival order
+  // Each server's non-empty tasks, latest q_end first (ties by index):
+  // (-q_end, task). Kept ordered as moves change them, so a donor's turn
+  // reads its first few instead of sorting them all (a donor holding
+  // thousands of short documents made that sort quadratic overall).
+  std::vector<std::set<std::pair<int64_t, int>>> server_tasks_;
+  std::vector<std::vector<KvState>> kv_;  // per document: servers with K/V of it, in arrival order
   // Per document with more than kIndexFrom servers in kv_: server -> its
   // entry (a document spread over hundreds of idle servers made linear
   // lookups the planner's hot loop; for a few servers a scan is cheaper).
@@ -387,16 +398,14 @@ Move DistcaPlanner::DonorBest(int donor) {
   const double need = load_[donor] - cap_;
   std::vector<int>& top = scratch_top_;
   TopReceivers(2, &top);
-  std::vector<int>& mine = server_tasks_[donor];
-  mine.erase(
-      std::remove_if(mine.begin(), mine.end(), [&](int i) { return plan_.tasks[i].q_begin >= plan_.tasks[i].q_end; }),
-      mine.end());
-  std::sort(mine.begin(), mine.end(), [&](int a, int b) { return plan_.tasks[a].q_end > plan_.tasks[b].q_end; });
+  const std::set<std::pair<int64_t, int>>& mine = server_tasks_[donor];
   constexpr size_t kScored = 3;
   std::vector<Move>& moves = scratch_moves_;
   moves.clear();
-  for (size_t n = 0; n < mine.size() && (n < kScored || moves.empty()); ++n) {
-    const PlanTask& t = plan_.tasks[mine[n]];
+  size_t n = 0;
+  for (auto it = mine.begin(); it != mine.end() && (n < kScored || moves.empty()); ++it, ++n) {
+    const int task = it->second;
+    const PlanTask& t = plan_.tasks[task];
     // Servers that already have some of the document's K/V (moves there
     // save its prefix bytes): the kHolders with the most room. A document
     // spread over many idle servers (pipeline bubbles) would otherwise make
@@ -427,7 +436,7 @@ Move DistcaPlanner::DonorBest(int donor) {
         if (load_[r] == blank_load) continue;
         blank_load = load_[r];
       }
-      const Move m = BestMove(mine[n], r, need);
+      const Move m = BestMove(task, r, need);
       if (m.valid) moves.push_back(m);
     }
   }
@@ -448,7 +457,6 @@ void DistcaPlanner::Apply(const Move& m) {
   Index(m.task);
   if (m.z < t.q_end) {
     plan_.tasks.push_back({t.doc, m.z, t.q_end, donor});
-    server_tasks_[donor].push_back(static_cast<int>(plan_.tasks.size()) - 1);
     Index(static_cast<int>(plan_.tasks.size()) - 1);
   }
   if (const int right = TaskStartingAt(t.doc, m.server, m.z); right >= 0) {
@@ -457,7 +465,6 @@ void DistcaPlanner::Apply(const Move& m) {
     Index(right);
   } else {
     plan_.tasks.push_back({t.doc, m.a, m.z, m.server});
-    server_tasks_[m.server].push_back(static_cast<int>(plan_.tasks.size()) - 1);
     Index(static_cast<int>(plan_.tasks.size()) - 1);
   }
   load_[donor] -= m.donor_drop;
@@ -571,7 +578,6 @@ Status DistcaPlanner::Run(double eps, bool repack, std::vector<double>* loads) {
   for (size_t d = 0; d < plan_.documents.size(); ++d) {
     for (const PlanPiece& p : plan_.documents[d].pieces) {
       plan_.tasks.push_back({static_cast<int32_t>(d), p.begin, p.end, p.rank});
-      server_tasks_[p.rank].push_back(static_cast<int>(plan_.tasks.size()) - 1);
       Index(static_cast<int>(plan_.tasks.size()) - 1);
       load_[p.rank] += Cost(p.begin, p.end);
       // The rank's own task already needs the K/V of [0, p.end): more rows

@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <set>
 
 #include "plan/planner_internal.h"
 
@@ -40,11 +41,15 @@ struct Item {
   // at every step, and recomputing these there was most of its time.
   double flops = 0;  // cost of head + tail, in the cost model's unit
   double pairs = 0;  // causal pairs of head + tail
+  double floor = 0;  // its score when it moves whole, the least it can score
 };
 
 class PaperPlanner {
  public:
-  PaperPlanner(const CostModel& cost, double eps, Plan* plan) : cost_(cost), eps_(eps), plan_(*plan) {}
+  // full_scan: read every item at every step, as published (the reference
+  // the indexed read is tested against).
+  PaperPlanner(const CostModel& cost, double eps, bool full_scan, Plan* plan)
+      : cost_(cost), eps_(eps), full_scan_(full_scan), plan_(*plan) {}
   void Run(std::vector<double>* loads);
 
  private:
@@ -53,19 +58,67 @@ class PaperPlanner {
     it.flops = cost_.TaskCost(it.head_begin, it.head_end) + cost_.TaskCost(it.tail_begin, it.tail_end);
     it.pairs = double(CausalPairs(it.head_begin, it.head_end) + CausalPairs(it.tail_begin, it.tail_end));
   }
+  // The published score of moving f (cost units, 0 < f <= it.flops) of the
+  // item: bytes per causal pair moved, estimated in causal pairs as query
+  // tokens F / (L + 1) and whole-document K/V. It falls as f grows, so
+  // it.floor = Score(it, it.flops) bounds every score the item can have;
+  // rounding can take a score below that bound by a few units in the last
+  // place (its four operations), never by kFloorSlack.
+  double Score(const Item& it, double f) const {
+    const double length = double(plan_.documents[it.doc].length);
+    const double f_pairs = f * it.pairs / it.flops;
+    const double volume = f_pairs / (length + 1) * hidden_ + (length + 1) * kv_width_;
+    return volume / f_pairs;
+  }
+  static constexpr double kFloorSlack = 1e-12;
   // Moves up to f of item i to `recipient`; returns the cost moved.
   double Split(size_t i, double f, int recipient);
+  // Keeps item i's entry in its server's candidate index; call Unlist
+  // before changing it and List after.
+  void List(size_t i);
+  void Unlist(size_t i);
 
   const CostModel& cost_;
   const double eps_;
+  const bool full_scan_;
   Plan& plan_;
+  const double hidden_ = double(plan_.model.q_heads) * plan_.model.head_dim;
+  const double kv_width_ = 2.0 * plan_.model.kv_heads * plan_.model.head_dim;
   std::vector<Item> items_;
+  // Per server, its items still candidates (not moved out) with work left,
+  // ordered by (floor, index), and the number of its items not moved out
+  // (with or without work: any of them makes the server count as a donor
+  // while it is above the mean, as published).
+  std::vector<std::set<std::pair<double, size_t>>> listed_;
+  std::vector<std::multiset<double>> listed_flops_;  // their costs
+  std::vector<int64_t> staying_;
 };
+
+void PaperPlanner::List(size_t i) {
+  Item& it = items_[i];
+  if (it.moved_out) return;
+  ++staying_[it.server];
+  if (it.flops <= 0) return;
+  it.floor = Score(it, it.flops);
+  listed_[it.server].insert({it.floor, i});
+  listed_flops_[it.server].insert(it.flops);
+}
+
+void PaperPlanner::Unlist(size_t i) {
+  const Item& it = items_[i];
+  if (it.moved_out) return;
+  --staying_[it.server];
+  if (it.flops <= 0) return;
+  listed_[it.server].erase({it.floor, i});
+  std::multiset<double>& costs = listed_flops_[it.server];
+  costs.erase(costs.find(it.flops));
+}
 
 double PaperPlanner::Split(size_t i, double f, int recipient) {
   Item& it = items_[i];
   const double total = it.flops;
   if (f >= total) {  // move whole
+    Unlist(i);
     it.server = recipient;
     it.moved_out = true;
     return total;
@@ -79,6 +132,7 @@ double PaperPlanner::Split(size_t i, double f, int recipient) {
   m = std::min({m, it.head_end - it.head_begin, it.tail_end - it.tail_begin});
   m = m / block * block;  // cuts stay on block multiples (head_end, tail_begin are)
   if (m <= 0) return 0.0;
+  Unlist(i);
   Item moved = it;
   moved.head_begin = it.head_end - m;
   moved.tail_end = it.tail_begin + m;
@@ -88,6 +142,7 @@ double PaperPlanner::Split(size_t i, double f, int recipient) {
   it.tail_begin += m;
   Refresh(it);
   Refresh(moved);
+  List(i);
   items_.push_back(moved);
   return moved.flops;
 }
@@ -109,8 +164,14 @@ void PaperPlanner::Run(std::vector<double>* loads) {
   }
   const double mean = std::accumulate(load.begin(), load.end(), 0.0) / servers;
   const double threshold = eps_ * mean;
-  const double hidden = double(plan_.model.q_heads) * plan_.model.head_dim;
-  const double kv_width = 2.0 * plan_.model.kv_heads * plan_.model.head_dim;
+  listed_.assign(servers, {});
+  listed_flops_.assign(servers, {});
+  staying_.assign(servers, 0);
+  for (size_t i = 0; i < items_.size(); ++i) List(i);
+  // Donors: servers strictly above the mean, by index.
+  std::set<int> donors;
+  for (int s = 0; s < servers; ++s)
+    if (load[s] - mean > 0) donors.insert(s);
 
   std::vector<int> recipients;
   for (int s = 0; s < servers; ++s)
@@ -120,28 +181,48 @@ void PaperPlanner::Run(std::vector<double>* loads) {
   for (int r : recipients) {
     double need = mean - load[r];
     while (need > threshold) {
-      // Candidates: items on donors (strictly above the mean) with work left.
+      // Candidates: items on donors (strictly above the mean) with work
+      // left; the lowest score wins, ties to the earliest item. A donor's
+      // items are read by their floor, the least each can score, up to the
+      // first that cannot beat the best so far: the published scan over
+      // every item, without reading the many that cannot win (a batch of
+      // thousands of short documents made it quadratic). Where every item
+      // of the donor moves whole (its cost within surplus and need), each
+      // scores exactly its floor, so an item at the best score after the
+      // best one ends the read too.
       size_t best = items_.size();
       double best_score = 0, best_f = 0;
       bool any_donor = false;
-      for (size_t i = 0; i < items_.size(); ++i) {
-        const Item& it = items_[i];
-        const double surplus = load[it.server] - mean;
-        if (it.moved_out || surplus <= 0) continue;
-        any_donor = true;
-        const double flops = it.flops;
-        if (flops <= 0) continue;
-        const double f = std::min({surplus, need, flops});
-        const double length = double(plan_.documents[it.doc].length);
-        // The published estimate works in causal pairs: query tokens
-        // F / (L + 1), whole-document KV. Convert F from cost units.
-        const double f_pairs = f * it.pairs / flops;
-        const double volume = f_pairs / (length + 1) * hidden + (length + 1) * kv_width;
-        const double score = volume / f_pairs;
-        if (best == items_.size() || score < best_score) {
+      // Item i of a donor with this surplus as a candidate.
+      const auto consider = [&](size_t i, double surplus) {
+        const double f = std::min({surplus, need, items_[i].flops});
+        const double score = Score(items_[i], f);
+        if (best == items_.size() || score < best_score || (score == best_score && i < best)) {
           best = i;
           best_score = score;
           best_f = f;
+        }
+      };
+      if (full_scan_) {
+        for (size_t i = 0; i < items_.size(); ++i) {
+          const Item& it = items_[i];
+          const double surplus = load[it.server] - mean;
+          if (it.moved_out || surplus <= 0) continue;
+          any_donor = true;
+          if (it.flops > 0) consider(i, surplus);
+        }
+      } else {
+        for (int s : donors) {
+          const double surplus = load[s] - mean;
+          any_donor = any_donor || staying_[s] > 0;
+          if (listed_[s].empty()) continue;
+          const bool whole = *listed_flops_[s].rbegin() <= std::min(surplus, need);
+          for (const auto& [floor, i] : listed_[s]) {
+            if (best < items_.size() && (whole ? floor > best_score || (floor == best_score && i > best)
+                                               : floor * (1 - kFloorSlack) > best_score))
+              break;
+            consider(i, surplus);
+          }
         }
       }
       if (!any_donor || best == items_.size()) break;
@@ -151,6 +232,12 @@ void PaperPlanner::Run(std::vector<double>* loads) {
       load[donor] -= moved;
       load[r] += moved;
       need -= moved;
+      for (int s : {donor, r}) {
+        if (load[s] - mean > 0)
+          donors.insert(s);
+        else
+          donors.erase(s);
+      }
     }
   }
 
@@ -173,7 +260,13 @@ void PaperPlanner::Run(std::vector<double>* loads) {
 }  // namespace
 
 Status PlanPaper(const CostModel& cost, double eps, Plan* plan, std::vector<double>* loads) {
-  PaperPlanner planner(cost, eps, plan);
+  PaperPlanner planner(cost, eps, /*full_scan=*/false, plan);
+  planner.Run(loads);
+  return Status::Ok();
+}
+
+Status PlanPaperFullScan(const CostModel& cost, double eps, Plan* plan, std::vector<double>* loads) {
+  PaperPlanner planner(cost, eps, /*full_scan=*/true, plan);
   planner.Run(loads);
   return Status::Ok();
 }

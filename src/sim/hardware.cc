@@ -44,7 +44,8 @@ Status Integer(const json& j, const std::string& where, const char* key, int* ou
   if (!j.contains(key)) return Status::InvalidArgument(fmt::format("{}: missing \"{}\"", where, key));
   const json& v = j.at(key);
   if (!v.is_number_integer() || v.get<int64_t>() <= 0 || v.get<int64_t>() > (1 << 20))
-    return Status::InvalidArgument(fmt::format("{}: \"{}\" must be a positive integer, got {}", where, key, v.dump()));
+    return Status::InvalidArgument(
+        fmt::format("{}: \"{}\" must be a positive integer, at most {}, got {}", where, key, 1 << 20, v.dump()));
   *out = v.get<int>();
   return Status::Ok();
 }
@@ -54,7 +55,7 @@ Status Integer(const json& j, const std::string& where, const char* key, int* ou
 Status OnlyKeys(const json& j, const std::string& where, std::initializer_list<std::string_view> known) {
   for (auto it = j.begin(); it != j.end(); ++it)
     if (std::find(known.begin(), known.end(), it.key()) == known.end())
-      return Status::InvalidArgument(fmt::format("{}: unknown key \"{}\"", where, it.key()));
+      return Status::InvalidArgument(fmt::format("{}: unknown key \"{}\"", where, Excerpt(it.key())));
   return Status::Ok();
 }
 
@@ -149,6 +150,8 @@ Status ProfileFromJson(const json& j, HardwareProfile* profile) {
                 "attention_backward_factor", "attention_tables", "dtype_bytes", "memory_bytes", "network"}));
   HardwareProfile p;
   DISTCA_RETURN_IF_ERROR(Text(j, "name", &p.name));
+  if (p.name.empty())
+    return Status::InvalidArgument("hardware profile: \"name\" must not be empty (the tools print it)");
   DISTCA_RETURN_IF_ERROR(Text(j, "source", &p.source));
   DISTCA_RETURN_IF_ERROR(Integer(j, where, "gpus_per_node", &p.gpus_per_node));
   DISTCA_RETURN_IF_ERROR(Number(j, where, "peak_flops", &p.peak_flops, 1e6, 1e18));

@@ -359,9 +359,10 @@ Status ValidateSimOptions(const SimOptions& o) {
   // Dedicated servers are GPUs too (tp each, on every stage).
   if (o.gpus + int64_t{o.dedicated_servers} * o.tp * o.pp > kMaxSimGpus)
     return Status::OutOfRange(
-        fmt::format("gpus ({}) plus {} dedicated servers per stage ({} GPUs) is above the "
-                    "simulator's limit of {} GPUs",
-                    o.gpus, o.dedicated_servers, int64_t{o.dedicated_servers} * o.tp * o.pp, kMaxSimGpus));
+        fmt::format("gpus ({}) plus {} dedicated servers per stage ({} GPUs at tp {}, pp {}) make {} GPUs, "
+                    "above the simulator's limit of {}",
+                    o.gpus, o.dedicated_servers, int64_t{o.dedicated_servers} * o.tp * o.pp, o.tp, o.pp,
+                    o.gpus + int64_t{o.dedicated_servers} * o.tp * o.pp, kMaxSimGpus));
   if (!(o.tolerance >= 0) || !(o.tolerance <= kMaxSimTolerance))
     return Status::InvalidArgument(
         fmt::format("tolerance must be a number in [0, {:g}], got {}", kMaxSimTolerance, o.tolerance));

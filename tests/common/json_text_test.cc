@@ -42,5 +42,21 @@ TEST(JsonTextTest, SyntaxErrorsSayWhereAndWhy) {
   EXPECT_NE(Why("[1] 2").find("expected end of input"), std::string::npos) << Why("[1] 2");
 }
 
+// The parser quotes an offending token whole; a message quotes at most a
+// few hundred characters of it (a 10 MB number made a 10 MB message).
+TEST(JsonTextTest, MessagesQuoteLongInputInPart) {
+  const std::string huge = "[" + std::string(100000, '1') + "]";
+  const std::string why = Why(huge);
+  EXPECT_NE(why.find("number overflow"), std::string::npos) << why.substr(0, 200);
+  EXPECT_LT(why.size(), 400u);
+  EXPECT_NE(why.find("characters)"), std::string::npos) << why;
+  const std::string key(5000, 'k');
+  EXPECT_EQ(Why("{\"" + key + "\": 1, \"" + key + "\": 2}"), "the file is not valid JSON: key \"" + key.substr(0, 80) +
+                                                                 "... (5000 characters)\" appears twice in one object");
+  EXPECT_EQ(Excerpt("short"), "short");
+  EXPECT_EQ(Excerpt("abcdef", 3), "abc... (6 characters)");
+  EXPECT_EQ(Excerpt("abc", 3), "abc");
+}
+
 }  // namespace
 }  // namespace distca

@@ -1,6 +1,7 @@
 // The planner's parts: layout, cost model, traffic, validation, JSON, budget.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <limits>
@@ -436,6 +437,66 @@ TEST(PlannerTest, PaperListsAnUnsplitItemAsOneTask) {
   ASSERT_EQ(paper.tasks.size(), colocated.tasks.size());
   EXPECT_EQ(paper.stats.tasks, colocated.stats.tasks);
   EXPECT_EQ(paper.stats.traffic.total_bytes(), colocated.stats.traffic.total_bytes());
+}
+
+// The paper policy reads a donor's items by the least score each can have
+// and stops where none can win; the published scan reads every item at
+// every step. On random batches (equal short documents, whose scores tie;
+// long documents cut in parts; mixes), ranks, dedicated servers, blocks,
+// tolerances and both cost models, on ranks in order and renamed, the two
+// give the same plan, task for task, and the same loads.
+TEST(PlannerTest, PaperIndexedReadMatchesThePublishedFullScan) {
+  CostModel table;
+  ASSERT_TRUE(CostModel::FromTableCsv("q_len,kv_len,seconds\n128,128,1\n128,4096,9\n4096,4096,40\n", &table).ok());
+  std::mt19937_64 rng(5);
+  int split = 0, moved = 0;
+  for (int iter = 0; iter < 200; ++iter) {
+    PlanOptions o;
+    o.ranks = 2 + int(rng() % 7);
+    o.dedicated_servers = int(rng() % 4) == 0 ? int(rng() % 6) : 0;
+    o.block = int64_t{1} << (rng() % 8);
+    o.policy = PlanPolicy::kColocated;
+    std::vector<int64_t> docs;
+    switch (iter % 3) {
+      case 0:  // equal short documents: their scores tie
+        docs.assign(20 + rng() % 400, 1 + int64_t(rng() % 64));
+        break;
+      case 1:  // a few long ones
+        for (int n = 1 + int(rng() % 4); n > 0; --n) docs.push_back(1000 + int64_t(rng() % 60000));
+        break;
+      default:  // a mix
+        for (int n = 1 + int(rng() % 60); n > 0; --n) docs.push_back(1 + int64_t(rng() % (rng() % 2 ? 200 : 20000)));
+    }
+    const CostModel& cost = rng() % 2 ? table : CostModel::Flops(o.model);
+    Plan layout;
+    ASSERT_TRUE(BuildPlan(docs, o, cost, &layout).ok());
+    if (rng() % 2) {  // ranks renamed: earlier items need not sit on lower servers
+      std::vector<int> name(o.ranks);
+      std::iota(name.begin(), name.end(), 0);
+      std::shuffle(name.begin(), name.end(), rng);
+      for (PlanDocument& d : layout.documents)
+        for (PlanPiece& piece : d.pieces) piece.rank = name[piece.rank];
+    }
+    const double eps = std::array<double, 4>{0.0, 0.01, 0.05, 0.3}[rng() % 4];
+    Plan indexed = layout, full = layout;
+    std::vector<double> indexed_loads, full_loads;
+    ASSERT_TRUE(plan::PlanPaper(cost, eps, &indexed, &indexed_loads).ok());
+    ASSERT_TRUE(plan::PlanPaperFullScan(cost, eps, &full, &full_loads).ok());
+    ASSERT_EQ(indexed.tasks.size(), full.tasks.size()) << "case " << iter;
+    for (size_t t = 0; t < full.tasks.size(); ++t) {
+      const PlanTask &a = indexed.tasks[t], &b = full.tasks[t];
+      ASSERT_TRUE(a.doc == b.doc && a.q_begin == b.q_begin && a.q_end == b.q_end && a.server == b.server)
+          << "case " << iter << ", task " << t;
+    }
+    EXPECT_EQ(indexed_loads, full_loads) << "case " << iter;
+    // Count the cases that moved work, and those that cut an item.
+    moved += full.tasks.size() != layout.tasks.size() ||
+             !std::equal(full.tasks.begin(), full.tasks.end(), layout.tasks.begin(),
+                         [](const PlanTask& a, const PlanTask& b) { return a.server == b.server; });
+    split += full.tasks.size() > layout.tasks.size();
+  }
+  EXPECT_GT(moved, 100);
+  EXPECT_GT(split, 30);
 }
 
 TEST(JsonTest, RoundTripAndErrors) {

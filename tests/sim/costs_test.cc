@@ -307,6 +307,15 @@ TEST(HardwareProfileTest, ErrorsNameTheField) {
   // A misspelt key is named, at every level, rather than ignored.
   EXPECT_TRUE(Contains(ParseHardwareProfile(replace("\"peak_flops\": 1e12", "\"peak\": 1e12"), &p),
                        "hardware profile: unknown key \"peak\""));
+  // A long one is quoted in part.
+  const std::string long_key(100000, 'k');
+  const Status long_key_error = ParseHardwareProfile(replace("\"peak_flops\": 1e12", "\"" + long_key + "\": 1e12"), &p);
+  EXPECT_TRUE(Contains(long_key_error, "unknown key \"" + long_key.substr(0, 80) + "... (100000 characters)\""));
+  EXPECT_LT(long_key_error.message().size(), 200u);
+  EXPECT_TRUE(Contains(ParseHardwareProfile(replace("\"name\": \"test\"", "\"name\": \"\""), &p),
+                       "\"name\" must not be empty"));
+  EXPECT_TRUE(Contains(ParseHardwareProfile(replace("\"gpus_per_node\": 2", "\"gpus_per_node\": 1000000000"), &p),
+                       "\"gpus_per_node\" must be a positive integer, at most 1048576, got 1000000000"));
   EXPECT_TRUE(Contains(ParseHardwareProfile(replace("\"intra_node\"", "\"intra\": {}, \"intra_node\""), &p),
                        "hardware profile: network: unknown key \"intra\""));
   EXPECT_TRUE(Contains(ParseHardwareProfile(replace("\"latency_s\": 1e-5", "\"latency_s\": 1e-5, \"lat\": 1"), &p),
