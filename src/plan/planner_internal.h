@@ -42,9 +42,13 @@ Status CheckLayout(const Plan& plan);
 // from-scratch recomputation by BuildPlan). eps is the tolerance to plan for.
 Status PlanColocated(const CostModel& cost, Plan* plan, std::vector<double>* loads);
 Status PlanPaper(const CostModel& cost, double eps, Plan* plan, std::vector<double>* loads);
-// PlanPaper reading every item at every step, as published: the same plan,
-// in time quadratic in the items (the reference for tests).
-Status PlanPaperFullScan(const CostModel& cost, double eps, Plan* plan, std::vector<double>* loads);
+// How the paper policy finds each step's best item; every way gives the same
+// plan. kFull reads every item at every step, as published (time quadratic
+// in the items; the reference for tests); kIndexed reads each donor's items
+// by the least score each can have, up to the first that cannot win; kAuto
+// (PlanPaper's) the full scan for few items, else the index.
+enum class PaperScan { kAuto, kFull, kIndexed };
+Status PlanPaper(const CostModel& cost, double eps, PaperScan scan, Plan* plan, std::vector<double>* loads);
 Status PlanDistca(const CostModel& cost, double eps, Plan* plan, std::vector<double>* loads);
 // PlanDistca without its fallback: the greedy's own plan, bound_met saying
 // whether the greedy alone met the bound (for tests of the greedy).

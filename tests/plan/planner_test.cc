@@ -441,7 +441,8 @@ TEST(PlannerTest, PaperListsAnUnsplitItemAsOneTask) {
 
 // The paper policy reads a donor's items by the least score each can have
 // and stops where none can win; the published scan reads every item at
-// every step. On random batches (equal short documents, whose scores tie;
+// every step; by default it reads in full for its first steps, then from
+// the index. On random batches (equal short documents, whose scores tie;
 // long documents cut in parts; mixes), ranks, dedicated servers, blocks,
 // tolerances and both cost models, on ranks in order and renamed, the two
 // give the same plan, task for task, and the same loads.
@@ -478,17 +479,21 @@ TEST(PlannerTest, PaperIndexedReadMatchesThePublishedFullScan) {
         for (PlanPiece& piece : d.pieces) piece.rank = name[piece.rank];
     }
     const double eps = std::array<double, 4>{0.0, 0.01, 0.05, 0.3}[rng() % 4];
-    Plan indexed = layout, full = layout;
-    std::vector<double> indexed_loads, full_loads;
-    ASSERT_TRUE(plan::PlanPaper(cost, eps, &indexed, &indexed_loads).ok());
-    ASSERT_TRUE(plan::PlanPaperFullScan(cost, eps, &full, &full_loads).ok());
-    ASSERT_EQ(indexed.tasks.size(), full.tasks.size()) << "case " << iter;
-    for (size_t t = 0; t < full.tasks.size(); ++t) {
-      const PlanTask &a = indexed.tasks[t], &b = full.tasks[t];
-      ASSERT_TRUE(a.doc == b.doc && a.q_begin == b.q_begin && a.q_end == b.q_end && a.server == b.server)
-          << "case " << iter << ", task " << t;
+    Plan full = layout;
+    std::vector<double> full_loads;
+    ASSERT_TRUE(plan::PlanPaper(cost, eps, plan::PaperScan::kFull, &full, &full_loads).ok());
+    for (plan::PaperScan scan : {plan::PaperScan::kIndexed, plan::PaperScan::kAuto}) {
+      Plan other = layout;
+      std::vector<double> other_loads;
+      ASSERT_TRUE(plan::PlanPaper(cost, eps, scan, &other, &other_loads).ok());
+      ASSERT_EQ(other.tasks.size(), full.tasks.size()) << "case " << iter;
+      for (size_t t = 0; t < full.tasks.size(); ++t) {
+        const PlanTask &a = other.tasks[t], &b = full.tasks[t];
+        ASSERT_TRUE(a.doc == b.doc && a.q_begin == b.q_begin && a.q_end == b.q_end && a.server == b.server)
+            << "case " << iter << ", task " << t;
+      }
+      EXPECT_EQ(other_loads, full_loads) << "case " << iter;
     }
-    EXPECT_EQ(indexed_loads, full_loads) << "case " << iter;
     // Count the cases that moved work, and those that cut an item.
     moved += full.tasks.size() != layout.tasks.size() ||
              !std::equal(full.tasks.begin(), full.tasks.end(), layout.tasks.begin(),
