@@ -151,6 +151,7 @@ int Run(int argc, char** argv) {
 
   Status s = distca::ParsePlanPolicy(a.policy, &a.plan.policy);
   if (!s.ok()) return Fail(s.message());
+  a.plan.tolerance += 0.0;  // "-0" prints as 0
   if (a.batch && a.docs_file.empty()) return Fail("--batch needs --docs-file");
   if (a.plan.budget_per_exchange && a.plan.comm_budget == 0)
     return Fail("--budget-per-exchange says what --comm-budget bounds: it needs a positive --comm-budget");

@@ -9,6 +9,7 @@
 #include <string_view>
 #include <utility>
 
+#include "common/excerpt.h"
 #include "distca/status.h"
 
 namespace distca {
@@ -33,7 +34,7 @@ Status ParseEnumName(const std::pair<E, const char*> (&table)[N], std::string_vi
     }
     expected += (i == 0 ? "" : i + 1 == N ? " or " : ", ") + std::string(table[i].second);
   }
-  return Status::InvalidArgument(fmt::format("unknown {} '{}' (expected {})", what, name, expected));
+  return Status::InvalidArgument(fmt::format("unknown {} '{}' (expected {})", what, Excerpt(name), expected));
 }
 
 }  // namespace distca

@@ -83,6 +83,19 @@ Status RenameOver(const std::string& tmp, const std::string& path) {
 }  // namespace
 
 Status WriteTextFile(const std::string& path, std::string_view contents) {
+  // The file standard output goes to (`/dev/stdout`, or its name): written
+  // through stdout, after what was printed before. Opened again, it would
+  // be truncated and written from its start, and stdout's buffer would
+  // then land over it.
+  struct stat target {
+  }, stdout_file{};
+  if (::stat(path.c_str(), &target) == 0 && ::fstat(STDOUT_FILENO, &stdout_file) == 0 &&
+      target.st_dev == stdout_file.st_dev && target.st_ino == stdout_file.st_ino) {
+    if (std::fflush(stdout) != 0 || std::fwrite(contents.data(), 1, contents.size(), stdout) != contents.size() ||
+        std::fflush(stdout) != 0)
+      return Status::IoError("cannot write '" + path + "' (standard output): " + std::strerror(errno));
+    return Status::Ok();
+  }
   std::error_code ec;
   const std::filesystem::file_status st = std::filesystem::symlink_status(path, ec);
   // A device, a pipe or a link (/dev/stdout is one) is written as it is: a

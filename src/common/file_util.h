@@ -16,7 +16,8 @@ Status ReadTextFile(const std::string& path, std::string* contents, size_t strea
 // Writes a whole file: to path + ".tmp", renamed over `path` once complete
 // (a failed write leaves the old file, and no .tmp). A device, a pipe or a
 // symbolic link is written as it is, and so is a file where no temporary can
-// be created beside it. Not fsynced (WriteFileAtomic is).
+// be created beside it. The file standard output goes to is written through
+// stdout, after what it already holds. Not fsynced (WriteFileAtomic is).
 Status WriteTextFile(const std::string& path, std::string_view contents);
 
 // Writes `contents` to path + ".tmp", fsyncs it, renames it over `path` and

@@ -58,9 +58,4 @@ std::string JsonExceptionWhy(const nlohmann::json::exception& e) {
   return Excerpt(why, 300);
 }
 
-std::string Excerpt(std::string_view text, size_t max) {
-  if (text.size() <= max) return std::string(text);
-  return std::string(text.substr(0, max)) + "... (" + std::to_string(text.size()) + " characters)";
-}
-
 }  // namespace distca

@@ -5,6 +5,7 @@
 #include <string>
 #include <string_view>
 
+#include "common/excerpt.h"
 #include "distca/status.h"
 
 namespace distca {
@@ -29,9 +30,5 @@ Status RefuseNulByte(std::string_view text, const std::string& what);
 // "parse error at line 1, column 7: ...", cut by Excerpt (the parser quotes
 // the offending token whole, which can be megabytes).
 std::string JsonExceptionWhy(const nlohmann::json::exception& e);
-
-// `text` when it has at most `max` characters, else its first `max` and
-// "... (N characters)": for quoting input (a key, a token) in a message.
-std::string Excerpt(std::string_view text, size_t max = 80);
 
 }  // namespace distca

@@ -73,11 +73,16 @@ Status CostModel::FromTableCsv(std::string_view csv_text, CostModel* model) {
     if (!(q >= 1) || !(kv >= q) || !(s > 0) || !std::isfinite(s))
       return Status::InvalidArgument(
           fmt::format("table line {}: need 1 <= q_len <= kv_len and seconds > 0, got {},{},{}", line_no, q, kv, s));
-    // A bound far past any measurement (31 years a task), so that loads
-    // summed and extrapolated from the table stay finite.
+    // Bounds far past any measurement (31 years a task; a femtosecond), so
+    // that loads summed and extrapolated from the table stay finite, and
+    // costs scaled down from it stay above zero (a denormal time made every
+    // small task cost 0, and any plan of them look balanced).
     if (s > 1e9)
       return Status::InvalidArgument(
           fmt::format("table line {}: {} seconds for one task is beyond 1e9 (31 years)", line_no, s));
+    if (s < 1e-15)
+      return Status::InvalidArgument(
+          fmt::format("table line {}: {} seconds for one task is below 1e-15 (a femtosecond)", line_no, s));
     if (!points.emplace(std::pair{q, kv}, s).second)
       return Status::InvalidArgument(fmt::format("table line {}: duplicate point ({}, {})", line_no, q, kv));
   }

@@ -98,7 +98,7 @@ Status PlanOnce(const PlanOptions& o, const CostModel& cost, double eps, Plan* p
       DISTCA_RETURN_IF_ERROR(plan::PlanDistca(cost, eps, plan, &loads));
       break;
   }
-  plan->tolerance_used = eps;
+  plan->tolerance_used = eps + 0.0;  // -0 (a tolerance given as "-0") as 0
   DISTCA_RETURN_IF_ERROR(ComputePlanStats(*plan, cost, &plan->stats));
   // The distca policy says from its own loads; the others aim at no bound,
   // so the plan's stats say whether they happen to meet it.

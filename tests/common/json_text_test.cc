@@ -45,17 +45,25 @@ TEST(JsonTextTest, SyntaxErrorsSayWhereAndWhy) {
 // The parser quotes an offending token whole; a message quotes at most a
 // few hundred characters of it (a 10 MB number made a 10 MB message).
 TEST(JsonTextTest, MessagesQuoteLongInputInPart) {
-  const std::string huge = "[" + std::string(100000, '1') + "]";
+  std::string huge = "[";
+  huge.append(100000, '1').append("]");
   const std::string why = Why(huge);
   EXPECT_NE(why.find("number overflow"), std::string::npos) << why.substr(0, 200);
   EXPECT_LT(why.size(), 400u);
   EXPECT_NE(why.find("characters)"), std::string::npos) << why;
   const std::string key(5000, 'k');
-  EXPECT_EQ(Why("{\"" + key + "\": 1, \"" + key + "\": 2}"), "the file is not valid JSON: key \"" + key.substr(0, 80) +
-                                                                 "... (5000 characters)\" appears twice in one object");
+  std::string twice = "{\"";
+  twice.append(key).append("\": 1, \"").append(key).append("\": 2}");
+  std::string expected = "the file is not valid JSON: key \"";
+  expected.append(key, 0, 80).append("... (5000 characters)\" appears twice in one object");
+  EXPECT_EQ(Why(twice), expected);
   EXPECT_EQ(Excerpt("short"), "short");
   EXPECT_EQ(Excerpt("abcdef", 3), "abc... (6 characters)");
   EXPECT_EQ(Excerpt("abc", 3), "abc");
+  EXPECT_EQ(Excerpt(std::string_view("a\0b\n", 4)), "a\\x00b\\x0a");
+  // A key with an escaped NUL is quoted whole.
+  EXPECT_EQ(Why(R"({"k\u0000": 1, "k\u0000": 2})"),
+            "the file is not valid JSON: key \"k\\x00\" appears twice in one object");
 }
 
 }  // namespace
