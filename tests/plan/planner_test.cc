@@ -737,6 +737,38 @@ TEST(PlannerTest, DistcaGreedyLetsAnOvershootingDonorReceive) {
   EXPECT_DOUBLE_EQ(loads[0], double(CausalPairs(0, 256) + CausalPairs(512, 815)) * pair);
 }
 
+// A bound no plan can meet: a 1024-token document over ranks 4-7 (two
+// blocks of 128 each) and 256 one-token documents on each of ranks 0-3. At
+// eps 0.05 the cap is 69,014 causal pairs, below each block of ranks 6 and
+// 7 (73,792-122,944), so rank 7 keeps its 229,504; rank 5's blocks (41,024
+// and 57,408) could move, which only adds bytes. distca returns the colocated
+// plan then: the same maximum, fewer bytes (it returned rank 5's moves).
+TEST(PlannerTest, DistcaKeepsTheColocatedPlanWhenItCannotLowerTheMaximum) {
+  std::vector<PlanDocument> docs;
+  docs.push_back({.length = 1024, .pieces = {}});
+  for (int r = 4; r < 8; ++r) docs[0].pieces.push_back({.rank = r, .begin = 256 * (r - 4), .end = 256 * (r - 3)});
+  for (int r = 0; r < 4; ++r)
+    for (int n = 0; n < 256; ++n) docs.push_back({.length = 1, .pieces = {{.rank = r, .begin = 0, .end = 1}}});
+  PlanOptions o;
+  o.ranks = 8;
+  o.block = 128;
+  const CostModel cost = CostModel::Flops(o.model);
+  Plan colocated, distca;
+  o.policy = PlanPolicy::kColocated;
+  ASSERT_TRUE(BuildPlanForLayout(docs, o, cost, &colocated).ok());
+  o.policy = PlanPolicy::kDistca;
+  ASSERT_TRUE(BuildPlanForLayout(docs, o, cost, &distca).ok());
+  EXPECT_FALSE(distca.bound_met);
+  EXPECT_DOUBLE_EQ(distca.stats.load_max, colocated.stats.load_max);
+  EXPECT_DOUBLE_EQ(colocated.stats.load_max, double(CausalPairs(768, 1024)) * cost.TaskCost(0, 1));
+  EXPECT_EQ(distca.stats.traffic.total_bytes(), colocated.stats.traffic.total_bytes());
+  // Where the greedy does lower the maximum (eps 1.0: cap 131,456, rank 7's
+  // blocks fit elsewhere), its plan stays.
+  o.tolerance = 1.0;
+  ASSERT_TRUE(BuildPlanForLayout(docs, o, cost, &distca).ok());
+  EXPECT_LT(distca.stats.load_max, colocated.stats.load_max);
+}
+
 // The greedy's 2% tie-break is measured from the fewest bytes per unit: a
 // chain of moves each within 2% of the one before (1.0, 1.019, 1.035) must
 // not carry the choice to a move 3.5% worse than the best.
