@@ -266,6 +266,23 @@ class DistcaPlanner {
     }
     return v.back();
   }
+  // Per document with more than kIndexFrom pieces: rank -> its pieces, in
+  // position order (a document over thousands of ranks made every lookup
+  // of the rows a rank holds a scan of all of them).
+  std::vector<std::unordered_map<int, std::vector<int>>> pieces_at_;
+  // Calls fn(piece) for each piece of the document on `rank`, in position order.
+  template <class Fn>
+  void ForEachPieceOn(int doc, int rank, Fn&& fn) const {
+    const std::vector<PlanPiece>& pieces = plan_.documents[doc].pieces;
+    if (pieces.size() <= kIndexFrom) {
+      for (const PlanPiece& p : pieces)
+        if (p.rank == rank) fn(p);
+      return;
+    }
+    const auto it = pieces_at_[doc].find(rank);
+    if (it == pieces_at_[doc].end()) return;
+    for (int i : it->second) fn(pieces[i]);
+  }
   // Receivers by remaining room (lazy: entries are checked against load_).
   std::priority_queue<std::pair<double, int>> receivers_;
   // Scratch space reused across calls of the hot loop (no allocation per move).
@@ -277,8 +294,8 @@ class DistcaPlanner {
 int64_t DistcaPlanner::HeldRows(int doc, int server, int64_t a, int64_t b) const {
   int64_t held = 0;
   if (server >= plan_.ranks) return 0;
-  for (const PlanPiece& p : plan_.documents[doc].pieces)
-    if (p.rank == server) held += std::max<int64_t>(0, std::min(b, p.end) - std::max(a, p.begin));
+  ForEachPieceOn(doc, server,
+                 [&](const PlanPiece& p) { held += std::max<int64_t>(0, std::min(b, p.end) - std::max(a, p.begin)); });
   return held;
 }
 
@@ -294,10 +311,10 @@ int64_t DistcaPlanner::NewKvRows(int doc, int server, int64_t q_end) const {
 int64_t DistcaPlanner::FreeKvEnd(int doc, int server) const {
   const KvState* k = KvOf(doc, server);
   int64_t end = k != nullptr ? k->sent_end : 0;
-  if (server < plan_.ranks) {
-    for (const PlanPiece& p : plan_.documents[doc].pieces)
-      if (p.rank == server && p.begin <= end) end = std::max(end, p.end);
-  }
+  if (server < plan_.ranks)
+    ForEachPieceOn(doc, server, [&](const PlanPiece& p) {
+      if (p.begin <= end) end = std::max(end, p.end);
+    });
   return end;
 }
 
@@ -491,19 +508,36 @@ void DistcaPlanner::Relocate() {
   // each task's maximum made this pass quadratic (9 s of a 9.2 s plan).
   using Ends = std::multiset<int64_t>;
   std::vector<std::vector<std::pair<int, Ends>>> ends(plan_.documents.size());
+  // Per document with more than kIndexFrom servers in ends: server -> its
+  // entry (a document over thousands of ranks made each lookup a scan).
+  std::vector<std::unordered_map<int, size_t>> ends_at(plan_.documents.size());
+  auto ends_index = [&](int doc, int server) -> int64_t {
+    const auto& v = ends[doc];
+    if (v.size() <= kIndexFrom) {
+      for (size_t i = 0; i < v.size(); ++i)
+        if (v[i].first == server) return static_cast<int64_t>(i);
+      return -1;
+    }
+    const auto it = ends_at[doc].find(server);
+    return it == ends_at[doc].end() ? -1 : static_cast<int64_t>(it->second);
+  };
   auto ends_of = [&](int doc, int server) -> Ends& {
-    for (auto& [s, v] : ends[doc])
-      if (s == server) return v;
-    ends[doc].push_back({server, {}});
-    return ends[doc].back().second;
+    if (const int64_t i = ends_index(doc, server); i >= 0) return ends[doc][i].second;
+    auto& v = ends[doc];
+    v.push_back({server, {}});
+    if (v.size() == kIndexFrom + 1) {
+      for (size_t i = 0; i < v.size(); ++i) ends_at[doc].emplace(v[i].first, i);
+    } else if (v.size() > kIndexFrom + 1) {
+      ends_at[doc].emplace(server, v.size() - 1);
+    }
+    return v.back().second;
   };
   for (const PlanTask& t : plan_.tasks)
     if (t.q_begin < t.q_end) ends_of(t.doc, t.server).insert(t.q_end);
   static const Ends kNone;
   auto find_ends = [&](int doc, int server) -> const Ends& {
-    for (const auto& [s, v] : ends[doc])
-      if (s == server) return v;
-    return kNone;
+    const int64_t i = ends_index(doc, server);
+    return i < 0 ? kNone : ends[doc][i].second;
   };
   // The largest q_end, one instance of `skip` left out (0 when none is left).
   auto max_of = [](const Ends& v, int64_t skip) -> int64_t {
@@ -547,8 +581,9 @@ void DistcaPlanner::Relocate() {
       TopReceivers(3, &candidates);
       for (int r : candidates) consider(r, find_ends(t.doc, r));
       for (const auto& [r, r_ends] : ends[t.doc]) consider(r, r_ends);
-      for (const PlanPiece& p : plan_.documents[t.doc].pieces)
-        if (p.begin < t.q_end && t.q_begin < p.end) consider(p.rank, find_ends(t.doc, p.rank));
+      ForEachPieceOverlapping(
+          plan_.documents[t.doc], t.q_begin, t.q_end,
+          [&](size_t, const PlanPiece& p, int64_t, int64_t) { consider(p.rank, find_ends(t.doc, p.rank)); });
       if (best < 0) continue;
       // Move it.
       ends_of(t.doc, best).insert(t.q_end);
@@ -574,6 +609,12 @@ Status DistcaPlanner::Run(double eps, bool repack, std::vector<double>* loads) {
   server_tasks_.assign(servers_, {});
   kv_.assign(plan_.documents.size(), {});
   kv_at_.assign(plan_.documents.size(), {});
+  pieces_at_.assign(plan_.documents.size(), {});
+  for (size_t d = 0; d < plan_.documents.size(); ++d) {
+    const std::vector<PlanPiece>& pieces = plan_.documents[d].pieces;
+    if (pieces.size() > kIndexFrom)
+      for (size_t i = 0; i < pieces.size(); ++i) pieces_at_[d][pieces[i].rank].push_back(static_cast<int>(i));
+  }
   starting_.clear();
   for (size_t d = 0; d < plan_.documents.size(); ++d) {
     for (const PlanPiece& p : plan_.documents[d].pieces) {
