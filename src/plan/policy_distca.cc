@@ -264,7 +264,34 @@ class DistcaPlanner {
     } else if (v.size() > kIndexFrom + 1) {
       kv_at_[doc].emplace(server, static_cast<int>(v.size() - 1));
     }
+    if (by_load_on_) {
+      if (v.size() == kIndexFrom + 1) {
+        for (const KvState& k : v) ListHolder(doc, k.server);
+      } else if (v.size() > kIndexFrom + 1) {
+        ListHolder(doc, server);
+      }
+    }
     return v.back();
+  }
+  // Per document with more than kIndexFrom servers in kv_, once the greedy
+  // starts: those servers by (load, index), kept as loads change, so that a
+  // donor's turn finds the few with the most room without reading all of
+  // them (a document spread over thousands of servers made that a scan per
+  // move). holder_docs_[s]: the documents whose sets list server s.
+  bool by_load_on_ = false;
+  std::vector<std::set<std::pair<double, int>>> by_load_;
+  std::vector<std::vector<int>> holder_docs_;
+  void ListHolder(int doc, int server) {
+    by_load_[doc].insert({load_[server], server});
+    holder_docs_[server].push_back(doc);
+  }
+  // Sets server s's load, keeping the sets that list it in order.
+  void SetLoad(int s, double load) {
+    if (by_load_on_)
+      for (int d : holder_docs_[s]) by_load_[d].erase({load_[s], s});
+    load_[s] = load;
+    if (by_load_on_)
+      for (int d : holder_docs_[s]) by_load_[d].insert({load_[s], s});
   }
   // Per document with more than kIndexFrom pieces: rank -> its pieces, in
   // position order (a document over thousands of ranks made every lookup
@@ -430,13 +457,28 @@ Move DistcaPlanner::DonorBest(int donor) {
     constexpr size_t kHolders = 8;
     std::vector<int>& holders = scratch_holders_;
     holders.clear();
-    for (const KvState& k : kv_[t.doc])
-      if (k.server != donor && cap_ - load_[k.server] > 0 && std::find(top.begin(), top.end(), k.server) == top.end())
-        holders.push_back(k.server);
-    if (holders.size() > kHolders) {
-      std::partial_sort(holders.begin(), holders.begin() + kHolders, holders.end(),
-                        [&](int a, int b) { return load_[a] < load_[b] || (load_[a] == load_[b] && a < b); });
-      holders.resize(kHolders);
+    const auto eligible = [&](int s) {
+      return s != donor && cap_ - load_[s] > 0 && std::find(top.begin(), top.end(), s) == top.end();
+    };
+    if (kv_[t.doc].size() <= kIndexFrom) {
+      for (const KvState& k : kv_[t.doc])
+        if (eligible(k.server)) holders.push_back(k.server);
+      if (holders.size() > kHolders) {
+        std::partial_sort(holders.begin(), holders.begin() + kHolders, holders.end(),
+                          [&](int a, int b) { return load_[a] < load_[b] || (load_[a] == load_[b] && a < b); });
+        holders.resize(kHolders);
+      }
+    } else {
+      // The same choice from the set: the first kHolders eligible by (load,
+      // index) when there are more, else all of them in arrival order.
+      for (const auto& [load, s] : by_load_[t.doc]) {
+        if (!(cap_ - load > 0) || holders.size() > kHolders) break;  // the rest have no room
+        if (eligible(s)) holders.push_back(s);
+      }
+      if (holders.size() > kHolders)
+        holders.resize(kHolders);
+      else
+        std::sort(holders.begin(), holders.end(), [&](int a, int b) { return KvIndex(t.doc, a) < KvIndex(t.doc, b); });
     }
     std::vector<int>& candidates = scratch_candidates_;
     candidates.assign(top.begin(), top.end());
@@ -484,8 +526,8 @@ void DistcaPlanner::Apply(const Move& m) {
     plan_.tasks.push_back({t.doc, m.a, m.z, m.server});
     Index(static_cast<int>(plan_.tasks.size()) - 1);
   }
-  load_[donor] -= m.donor_drop;
-  load_[m.server] += m.receiver_add;
+  SetLoad(donor, load_[donor] - m.donor_drop);
+  SetLoad(m.server, load_[m.server] + m.receiver_add);
   KvState& kv = AddKv(t.doc, m.server);
   kv.sent_end = std::max(kv.sent_end, m.z);
   // Both ends' rooms changed: a donor whose move overshot the cap has room
@@ -609,6 +651,7 @@ Status DistcaPlanner::Run(double eps, bool repack, std::vector<double>* loads) {
   server_tasks_.assign(servers_, {});
   kv_.assign(plan_.documents.size(), {});
   kv_at_.assign(plan_.documents.size(), {});
+  by_load_on_ = false;
   pieces_at_.assign(plan_.documents.size(), {});
   for (size_t d = 0; d < plan_.documents.size(); ++d) {
     const std::vector<PlanPiece>& pieces = plan_.documents[d].pieces;
@@ -631,6 +674,12 @@ Status DistcaPlanner::Run(double eps, bool repack, std::vector<double>* loads) {
   cap_ = (1.0 + eps) * mean;
   for (int s = 0; s < servers_; ++s)
     if (load_[s] < cap_) receivers_.push({cap_ - load_[s], s});
+  by_load_.assign(plan_.documents.size(), {});
+  holder_docs_.assign(servers_, {});
+  by_load_on_ = true;
+  for (size_t d = 0; d < kv_.size(); ++d)
+    if (kv_[d].size() > kIndexFrom)
+      for (const KvState& k : kv_[d]) ListHolder(static_cast<int>(d), k.server);
 
   // Lazy greedy: pop the donor whose cached best move is cheapest, recompute
   // that move, and apply it if it is still no worse than the next cached one.
