@@ -83,6 +83,11 @@ Status CostModel::FromTableCsv(std::string_view csv_text, CostModel* model) {
     if (s < 1e-15)
       return Status::InvalidArgument(
           fmt::format("table line {}: {} seconds for one task is below 1e-15 (a femtosecond)", line_no, s));
+    // Lengths up to 2^32 (twice the longest document a plan holds): a
+    // point far beyond would scale small tasks' costs down to denormals,
+    // or overflow its causal pairs.
+    if (kv > 0x1p32)
+      return Status::InvalidArgument(fmt::format("table line {}: kv_len {} is beyond 2^32 = 4294967296", line_no, kv));
     if (!points.emplace(std::pair{q, kv}, s).second)
       return Status::InvalidArgument(fmt::format("table line {}: duplicate point ({}, {})", line_no, q, kv));
   }

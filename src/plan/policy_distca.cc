@@ -711,6 +711,9 @@ Status DistcaPlanner::Run(double eps, bool repack, std::vector<double>* loads) {
     if (load_[donor] > cap_) moves.push({m.score, donor});
   }
 
+  // The holder sets serve the greedy's moves only (Relocate moves loads
+  // without them).
+  by_load_on_ = false;
   if (plan_.bound_met) Relocate();
   if (!plan_.bound_met && repack) {
     // A relative slack of 1e-10 absorbs the rounding of summing costs in a
@@ -743,9 +746,23 @@ Status DistcaPlanner::Run(double eps, bool repack, std::vector<double>* loads) {
   return Status::Ok();
 }
 
-}  // namespace
+// A missed bound: where the greedy's moves did not lower the maximum load
+// (an indivisible block above every receiver's room sets it), they only
+// added bytes, so the colocated plan, the same maximum for fewer bytes, is
+// the better plan.
+Status KeepColocatedUnlessLower(const CostModel& cost, Plan* plan, std::vector<double>* loads) {
+  if (plan->bound_met) return Status::Ok();
+  std::vector<double> colocated(plan->servers(), 0.0);
+  for (const PlanDocument& d : plan->documents)
+    for (const PlanPiece& p : d.pieces) colocated[p.rank] += cost.TaskCost(p.begin, p.end);
+  if (*std::max_element(colocated.begin(), colocated.end()) > *std::max_element(loads->begin(), loads->end()))
+    return Status::Ok();
+  DISTCA_RETURN_IF_ERROR(PlanColocated(cost, plan, loads));
+  plan->bound_met = false;
+  return Status::Ok();
+}
 
-Status KeepColocatedUnlessLower(const CostModel& cost, Plan* plan, std::vector<double>* loads);
+}  // namespace
 
 Status PlanDistca(const CostModel& cost, double eps, Plan* plan, std::vector<double>* loads) {
   // Only a measured table may need the second run, from the same input.
@@ -772,22 +789,6 @@ Status PlanDistca(const CostModel& cost, double eps, Plan* plan, std::vector<dou
     *loads = std::move(other_loads);
   }
   return KeepColocatedUnlessLower(cost, plan, loads);
-}
-
-// A missed bound: where the greedy's moves did not lower the maximum load
-// (an indivisible block above every receiver's room sets it), they only
-// added bytes, so the colocated plan, the same maximum for fewer bytes, is
-// the better plan.
-Status KeepColocatedUnlessLower(const CostModel& cost, Plan* plan, std::vector<double>* loads) {
-  if (plan->bound_met) return Status::Ok();
-  std::vector<double> colocated(plan->servers(), 0.0);
-  for (const PlanDocument& d : plan->documents)
-    for (const PlanPiece& p : d.pieces) colocated[p.rank] += cost.TaskCost(p.begin, p.end);
-  if (*std::max_element(colocated.begin(), colocated.end()) > *std::max_element(loads->begin(), loads->end()))
-    return Status::Ok();
-  DISTCA_RETURN_IF_ERROR(PlanColocated(cost, plan, loads));
-  plan->bound_met = false;
-  return Status::Ok();
 }
 
 Status PlanDistcaGreedyOnly(const CostModel& cost, double eps, Plan* plan, std::vector<double>* loads) {

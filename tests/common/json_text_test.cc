@@ -50,16 +50,17 @@ TEST(JsonTextTest, MessagesQuoteLongInputInPart) {
   const std::string why = Why(huge);
   EXPECT_NE(why.find("number overflow"), std::string::npos) << why.substr(0, 200);
   EXPECT_LT(why.size(), 400u);
-  EXPECT_NE(why.find("characters)"), std::string::npos) << why;
+  EXPECT_NE(why.find("bytes)"), std::string::npos) << why;
   const std::string key(5000, 'k');
   std::string twice = "{\"";
   twice.append(key).append("\": 1, \"").append(key).append("\": 2}");
   std::string expected = "the file is not valid JSON: key \"";
-  expected.append(key, 0, 80).append("... (5000 characters)\" appears twice in one object");
+  expected.append(key, 0, 80).append("... (5000 bytes)\" appears twice in one object");
   EXPECT_EQ(Why(twice), expected);
   EXPECT_EQ(Excerpt("short"), "short");
-  EXPECT_EQ(Excerpt("abcdef", 3), "abc... (6 characters)");
+  EXPECT_EQ(Excerpt("abcdef", 3), "abc... (6 bytes)");
   EXPECT_EQ(Excerpt("abc", 3), "abc");
+  EXPECT_EQ(Excerpt(R"(a"b\c)"), R"(a\"b\\c)");
   EXPECT_EQ(Excerpt(std::string_view("a\0b\n", 4)), "a\\x00b\\x0a");
   // A key with an escaped NUL is quoted whole.
   EXPECT_EQ(Why(R"({"k\u0000": 1, "k\u0000": 2})"),

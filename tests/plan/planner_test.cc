@@ -155,6 +155,7 @@ TEST(CostModelTest, TableErrors) {
   // So large that loads would overflow to infinity.
   EXPECT_TRUE(Contains(CostModel::FromTableCsv("q_len,kv_len,seconds\n128,128,1e308\n", &t), "beyond 1e9"));
   EXPECT_TRUE(Contains(CostModel::FromTableCsv("q_len,kv_len,seconds\n4096,4096,5e-324\n", &t), "below 1e-15"));
+  EXPECT_TRUE(Contains(CostModel::FromTableCsv("q_len,kv_len,seconds\n1e160,1e160,1\n", &t), "beyond 2^32"));
   EXPECT_TRUE(Contains(CostModel::FromTableCsv("q_len,kv_len,seconds\n1,2,1\n2,4,1\n", &t), "not a full grid"));
 }
 

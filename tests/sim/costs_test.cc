@@ -310,7 +310,7 @@ TEST(HardwareProfileTest, ErrorsNameTheField) {
   // A long one is quoted in part.
   const std::string long_key(100000, 'k');
   const Status long_key_error = ParseHardwareProfile(replace("\"peak_flops\": 1e12", "\"" + long_key + "\": 1e12"), &p);
-  EXPECT_TRUE(Contains(long_key_error, "unknown key \"" + long_key.substr(0, 80) + "... (100000 characters)\""));
+  EXPECT_TRUE(Contains(long_key_error, "unknown key \"" + long_key.substr(0, 80) + "... (100000 bytes)\""));
   EXPECT_LT(long_key_error.message().size(), 200u);
   EXPECT_TRUE(Contains(ParseHardwareProfile(replace("\"name\": \"test\"", "\"name\": \"\""), &p),
                        "\"name\" must not be empty"));
