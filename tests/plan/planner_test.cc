@@ -226,13 +226,16 @@ TEST(StatsTest, HandCountedTraffic) {
   EXPECT_EQ(s.tasks, 3);
 }
 
-// Pieces in order are found by binary search, pieces in any other order (a
-// plan file may list them so) by a scan: both count the same bytes. A
-// document in many pieces on random ranks, tasks cut inside and across them.
+// Pieces in order are found by binary search, and a document's K/V traffic
+// counted per owner and server when it has many (AddPrefixTraffic); pieces
+// in any other order (a plan file may list them so) are scanned pair by
+// pair: both count the same bytes. A document in many pieces on random
+// ranks, tasks cut inside and across them, on ranks and dedicated servers.
 TEST(StatsTest, PiecesOutOfOrderCountTheSameBytes) {
   std::mt19937 rng(7);
   Plan p;
   p.ranks = 3;
+  p.dedicated_servers = 2;
   p.block = 64;
   p.model = {.q_heads = 2, .kv_heads = 1, .head_dim = 4, .dtype_bytes = 2};
   for (int64_t length : {997, 5}) {
@@ -257,7 +260,7 @@ TEST(StatsTest, PiecesOutOfOrderCountTheSameBytes) {
     cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
     int64_t pos = 0;
     for (int64_t end : cuts) {
-      p.tasks.push_back({d, pos, end, int32_t(rng() % 3)});
+      p.tasks.push_back({d, pos, end, int32_t(rng() % 5)});
       pos = end;
     }
   }
