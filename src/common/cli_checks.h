@@ -9,6 +9,7 @@
 #include <cstring>
 #include <exception>
 #include <initializer_list>
+#include <new>
 #include <regex>
 #include <string>
 #include <utility>
@@ -149,6 +150,10 @@ int GuardedMain(int argc, char** argv, Run&& run, Fail&& fail) {
   int rc = 0;
   try {
     rc = run(argc, argv);
+  } catch (const std::bad_alloc&) {
+    return fail(
+        "out of memory: the input needs more memory than this machine gives the run (fewer or shorter documents, "
+        "fewer batches, or a machine with more memory)");
   } catch (const std::exception& e) {
     // Output larger than stdio's buffer fails in the middle of the run,
     // where the formatting library throws.
