@@ -157,6 +157,44 @@ struct Move {
   double score = 0;         // bytes per unit of cost moved
 };
 
+// Lists of servers per document grow with the planner's moves; a list is
+// scanned while it has at most kIndexFrom entries (cheaper for a few), and
+// indexed by server once longer (a document spread over hundreds of idle
+// servers made the scans the planner's hot loop).
+constexpr size_t kIndexFrom = 16;
+
+// Where each server sits in one such list, kept in arrival order.
+// server_of(entry) names an entry's server.
+class ServerPositions {
+ public:
+  // The server's position in `list`, or -1.
+  template <class List, class ServerOf>
+  int Find(const List& list, int server, ServerOf server_of) const {
+    if (list.size() <= kIndexFrom) {
+      for (size_t i = 0; i < list.size(); ++i)
+        if (server_of(list[i]) == server) return static_cast<int>(i);
+      return -1;
+    }
+    const auto it = at_.find(server);
+    return it == at_.end() ? -1 : it->second;
+  }
+  // Call after each push_back onto `list`. on_indexed(server) is called for
+  // each server the index takes in: every one when the list outgrows the
+  // scan, each new one after.
+  template <class List, class ServerOf, class OnIndexed>
+  void Added(const List& list, ServerOf server_of, OnIndexed on_indexed) {
+    if (list.size() <= kIndexFrom) return;
+    const size_t from = list.size() == kIndexFrom + 1 ? 0 : list.size() - 1;
+    for (size_t i = from; i < list.size(); ++i) {
+      at_.emplace(server_of(list[i]), static_cast<int>(i));
+      on_indexed(server_of(list[i]));
+    }
+  }
+
+ private:
+  std::unordered_map<int, int> at_;
+};
+
 class DistcaPlanner {
  public:
   // merge_aware: charge a chunk what it adds to the receiver's task it joins
@@ -233,22 +271,10 @@ class DistcaPlanner {
   // thousands of short documents made that sort quadratic overall).
   std::vector<std::set<std::pair<int64_t, int>>> server_tasks_;
   std::vector<std::vector<KvState>> kv_;  // per document: servers with K/V of it, in arrival order
-  // Per document with more than kIndexFrom servers in kv_: server -> its
-  // entry (a document spread over hundreds of idle servers made linear
-  // lookups the planner's hot loop; for a few servers a scan is cheaper).
-  static constexpr size_t kIndexFrom = 16;
-  std::vector<std::unordered_map<int, int>> kv_at_;
+  std::vector<ServerPositions> kv_at_;    // per document: where each server sits in kv_
+  static int ServerOf(const KvState& k) { return k.server; }
   // The server's entry in kv_[doc], or -1.
-  int KvIndex(int doc, int server) const {
-    const std::vector<KvState>& v = kv_[doc];
-    if (v.size() <= kIndexFrom) {
-      for (size_t i = 0; i < v.size(); ++i)
-        if (v[i].server == server) return static_cast<int>(i);
-      return -1;
-    }
-    const auto it = kv_at_[doc].find(server);
-    return it == kv_at_[doc].end() ? -1 : it->second;
-  }
+  int KvIndex(int doc, int server) const { return kv_at_[doc].Find(kv_[doc], server, ServerOf); }
   // The server's K/V state for the document, or null.
   const KvState* KvOf(int doc, int server) const {
     const int i = KvIndex(doc, server);
@@ -259,18 +285,9 @@ class DistcaPlanner {
     std::vector<KvState>& v = kv_[doc];
     if (const int i = KvIndex(doc, server); i >= 0) return v[i];
     v.push_back({server, 0});
-    if (v.size() == kIndexFrom + 1) {
-      for (size_t i = 0; i < v.size(); ++i) kv_at_[doc].emplace(v[i].server, static_cast<int>(i));
-    } else if (v.size() > kIndexFrom + 1) {
-      kv_at_[doc].emplace(server, static_cast<int>(v.size() - 1));
-    }
-    if (by_load_on_) {
-      if (v.size() == kIndexFrom + 1) {
-        for (const KvState& k : v) ListHolder(doc, k.server);
-      } else if (v.size() > kIndexFrom + 1) {
-        ListHolder(doc, server);
-      }
-    }
+    kv_at_[doc].Added(v, ServerOf, [&](int s) {
+      if (by_load_on_) ListHolder(doc, s);
+    });
     return v.back();
   }
   // Per document with more than kIndexFrom servers in kv_, once the greedy
@@ -550,35 +567,20 @@ void DistcaPlanner::Relocate() {
   // each task's maximum made this pass quadratic (9 s of a 9.2 s plan).
   using Ends = std::multiset<int64_t>;
   std::vector<std::vector<std::pair<int, Ends>>> ends(plan_.documents.size());
-  // Per document with more than kIndexFrom servers in ends: server -> its
-  // entry (a document over thousands of ranks made each lookup a scan).
-  std::vector<std::unordered_map<int, size_t>> ends_at(plan_.documents.size());
-  auto ends_index = [&](int doc, int server) -> int64_t {
-    const auto& v = ends[doc];
-    if (v.size() <= kIndexFrom) {
-      for (size_t i = 0; i < v.size(); ++i)
-        if (v[i].first == server) return static_cast<int64_t>(i);
-      return -1;
-    }
-    const auto it = ends_at[doc].find(server);
-    return it == ends_at[doc].end() ? -1 : static_cast<int64_t>(it->second);
-  };
+  std::vector<ServerPositions> ends_at(plan_.documents.size());  // where each server sits in ends
+  const auto server_of = [](const std::pair<int, Ends>& e) { return e.first; };
+  auto ends_index = [&](int doc, int server) { return ends_at[doc].Find(ends[doc], server, server_of); };
   auto ends_of = [&](int doc, int server) -> Ends& {
-    if (const int64_t i = ends_index(doc, server); i >= 0) return ends[doc][i].second;
-    auto& v = ends[doc];
-    v.push_back({server, {}});
-    if (v.size() == kIndexFrom + 1) {
-      for (size_t i = 0; i < v.size(); ++i) ends_at[doc].emplace(v[i].first, i);
-    } else if (v.size() > kIndexFrom + 1) {
-      ends_at[doc].emplace(server, v.size() - 1);
-    }
-    return v.back().second;
+    if (const int i = ends_index(doc, server); i >= 0) return ends[doc][i].second;
+    ends[doc].push_back({server, {}});
+    ends_at[doc].Added(ends[doc], server_of, [](int) {});
+    return ends[doc].back().second;
   };
   for (const PlanTask& t : plan_.tasks)
     if (t.q_begin < t.q_end) ends_of(t.doc, t.server).insert(t.q_end);
   static const Ends kNone;
   auto find_ends = [&](int doc, int server) -> const Ends& {
-    const int64_t i = ends_index(doc, server);
+    const int i = ends_index(doc, server);
     return i < 0 ? kNone : ends[doc][i].second;
   };
   // The largest q_end, one instance of `skip` left out (0 when none is left).
