@@ -161,12 +161,19 @@ struct PlanDocument {
 // must be in order and disjoint, as a plan's are (ValidatePlanStructure
 // checks it): the first is found by binary search, so a document cut into
 // many pieces costs log(pieces) per call.
+// The index of the first piece of `doc` that ends after `pos` (pieces.size()
+// when none does), by binary search over pieces in order.
+inline size_t FirstPieceEndingAfter(const PlanDocument& doc, int64_t pos) {
+  const auto& pieces = doc.pieces;
+  return size_t(
+      std::upper_bound(pieces.begin(), pieces.end(), pos, [](int64_t x, const PlanPiece& p) { return x < p.end; }) -
+      pieces.begin());
+}
+
 template <class Fn>
 void ForEachPieceOverlapping(const PlanDocument& doc, int64_t a, int64_t b, Fn&& fn) {
   const auto& pieces = doc.pieces;
-  auto it = std::upper_bound(pieces.begin(), pieces.end(), a,
-                             [](int64_t pos, const PlanPiece& p) { return pos < p.end; });  // first with end > a
-  for (; it != pieces.end() && it->begin < b; ++it) {
+  for (auto it = pieces.begin() + FirstPieceEndingAfter(doc, a); it != pieces.end() && it->begin < b; ++it) {
     const int64_t lo = std::max(a, it->begin), hi = std::min(b, it->end);
     if (lo < hi) fn(size_t(it - pieces.begin()), *it, lo, hi);
   }

@@ -71,6 +71,29 @@ void RowsByOwner(const PlanDocument& doc, bool ordered, int64_t a, int64_t b, Fn
   }
 }
 
+// Every counter, and any two of them summed (sent + local, forward +
+// backward), is at most the total of all bytes counted, moved or kept;
+// below 2^62 nothing overflows. (A product rows x rate is below 2^31 x
+// 2^30.)
+constexpr double kMaxCountedBytes = 0x1p62;
+
+// The two sides of a transfer in exchange e, and bytes a server keeps (rows
+// it holds itself do not move). The totals by direction are counted on the
+// receiving side, so each transfer once.
+void Send(PlanTraffic* t, PlanExchange e, int from, int64_t bytes) {
+  t->exchange_sent[static_cast<int>(e)][from] += bytes;
+  t->sent[from] += bytes;
+}
+void Receive(PlanTraffic* t, PlanExchange e, int to, int64_t bytes) {
+  const int i = static_cast<int>(e);
+  t->exchange_received[i][to] += bytes;
+  t->received[to] += bytes;
+  (i < 2 ? t->forward_bytes : t->backward_bytes) += bytes;
+}
+void Keep(PlanTraffic* t, PlanExchange e, int server, int64_t bytes) {
+  t->exchange_local[static_cast<int>(e)][server] += bytes;
+}
+
 // Documents with more pieces than this, in order, have their K/V traffic
 // counted by AddPrefixTraffic.
 constexpr size_t kManyPieces = 16;
@@ -89,29 +112,28 @@ void AddPrefixTraffic(const PlanDocument& doc, int ranks, const std::vector<std:
   for (size_t k = 0; k < m; ++k) prefix[k + 1] = prefix[k] + (pieces[k].end - pieces[k].begin);
   std::unordered_map<int, std::vector<size_t>> own;  // rank -> its pieces
   for (size_t k = 0; k < m; ++k) own[pieces[k].rank].push_back(k);
-  // Per piece: servers whose prefix covers it whole (as a difference
-  // array), rows of it in partial prefixes, and rows of it its owner needs
-  // itself (local, not sent).
+  // Per need: pieces [0, k) lie inside its prefix, and `cut` rows of piece k.
+  // Per piece: needs covering it whole (as a difference array), rows of it
+  // in partial prefixes, and rows of it its owner needs itself (kept).
+  std::vector<std::pair<size_t, int64_t>> spans;
+  spans.reserve(kv_needs.size());
   std::vector<int64_t> whole(m + 1, 0), partial(m, 0), self(m, 0);
   const int64_t kv_in = rates.kv[0] + rates.kv[2] + rates.kv[3];
   double bytes = 0;
   for (const auto& [server, e] : kv_needs) {
-    const size_t k = size_t(
-        std::upper_bound(pieces.begin(), pieces.end(), e, [](int64_t pos, const PlanPiece& p) { return pos < p.end; }) -
-        pieces.begin());  // pieces [0, k) end at or before e
+    const size_t k = FirstPieceEndingAfter(doc, e);
+    const int64_t cut = k < m && pieces[k].begin < e ? e - pieces[k].begin : 0;
+    spans.push_back({k, cut});
     ++whole[0];
     --whole[k];
-    const int64_t cut = k < m && pieces[k].begin < e ? e - pieces[k].begin : 0;
     if (cut > 0) partial[k] += cut;
     bytes += double(prefix[k] + cut) * double(kv_in);
   }
   *counted += bytes;
-  if (*counted > 0x1p62) return;  // ComputePlanStats refuses the plan
-  for (const auto& [server, e] : kv_needs) {
-    const size_t k = size_t(
-        std::upper_bound(pieces.begin(), pieces.end(), e, [](int64_t pos, const PlanPiece& p) { return pos < p.end; }) -
-        pieces.begin());
-    const int64_t cut = k < m && pieces[k].begin < e ? e - pieces[k].begin : 0;
+  if (*counted > kMaxCountedBytes) return;  // ComputePlanStats refuses the plan
+  for (size_t n = 0; n < kv_needs.size(); ++n) {
+    const auto [server, e] = kv_needs[n];
+    const auto [k, cut] = spans[n];
     int64_t local = 0;
     if (server < ranks) {
       if (const auto it = own.find(server); it != own.end())
@@ -122,27 +144,21 @@ void AddPrefixTraffic(const PlanDocument& doc, int ranks, const std::vector<std:
         }
     }
     const int64_t moved = prefix[k] + cut - local;
-    t->exchange_received[0][server] += moved * rates.kv[0];
-    t->exchange_received[2][server] += moved * rates.kv[2];
-    t->exchange_sent[3][server] += moved * rates.kv[3];
-    t->received[server] += moved * (rates.kv[0] + rates.kv[2]);
-    t->sent[server] += moved * rates.kv[3];
-    t->forward_bytes += moved * rates.kv[0];
-    t->backward_bytes += moved * (rates.kv[2] + rates.kv[3]);
-    t->exchange_local[0][server] += local * rates.kv[0];
-    t->exchange_local[2][server] += local * rates.kv[2];
-    t->exchange_local[3][server] += local * rates.kv[3];
+    Receive(t, PlanExchange::kForwardDispatch, server, moved * rates.kv[0]);
+    Receive(t, PlanExchange::kBackwardDispatch, server, moved * rates.kv[2]);
+    Send(t, PlanExchange::kBackwardReturn, server, moved * rates.kv[3]);
+    Keep(t, PlanExchange::kForwardDispatch, server, local * rates.kv[0]);
+    Keep(t, PlanExchange::kBackwardDispatch, server, local * rates.kv[2]);
+    Keep(t, PlanExchange::kBackwardReturn, server, local * rates.kv[3]);
   }
   int64_t covering = 0;
   for (size_t j = 0; j < m; ++j) {
     covering += whole[j];
     const int64_t rows = covering * (pieces[j].end - pieces[j].begin) + partial[j] - self[j];
     const int owner = pieces[j].rank;
-    t->exchange_sent[0][owner] += rows * rates.kv[0];
-    t->exchange_sent[2][owner] += rows * rates.kv[2];
-    t->exchange_received[3][owner] += rows * rates.kv[3];
-    t->sent[owner] += rows * (rates.kv[0] + rates.kv[2]);
-    t->received[owner] += rows * rates.kv[3];
+    Send(t, PlanExchange::kForwardDispatch, owner, rows * rates.kv[0]);
+    Send(t, PlanExchange::kBackwardDispatch, owner, rows * rates.kv[2]);
+    Receive(t, PlanExchange::kBackwardReturn, owner, rows * rates.kv[3]);
   }
 }
 
@@ -190,27 +206,18 @@ Status ComputePlanStats(const Plan& plan, const CostModel& cost, PlanStats* stat
     return a.doc != b.doc ? a.doc < b.doc : (a.server != b.server ? a.server < b.server : a.q_begin < b.q_begin);
   });
   PlanTraffic& t = s.traffic;
-  // Every counter, and any two of them summed (sent + local, forward +
-  // backward), is at most the total of all bytes counted, moved or kept;
-  // below 2^62 nothing overflows. (A product rows x rate is below 2^31 x
-  // 2^30.)
-  constexpr double kMaxCountedBytes = 0x1p62;
-  double counted = 0;
+  double counted = 0;  // bytes counted so far, moved or kept (kMaxCountedBytes)
   // `bytes` from `from` to `to` in exchange e; rows a server holds itself
-  // do not move and are only counted as local.
+  // do not move and are only counted as kept.
   auto add = [&t, &counted](PlanExchange e, int from, int to, int64_t bytes) {
     counted += double(bytes);
     if (counted > kMaxCountedBytes) return;
-    const int i = static_cast<int>(e);
     if (from == to) {
-      t.exchange_local[i][from] += bytes;
+      Keep(&t, e, from, bytes);
       return;
     }
-    t.exchange_sent[i][from] += bytes;
-    t.exchange_received[i][to] += bytes;
-    t.sent[from] += bytes;
-    t.received[to] += bytes;
-    (i < 2 ? t.forward_bytes : t.backward_bytes) += bytes;
+    Send(&t, e, from, bytes);
+    Receive(&t, e, to, bytes);
   };
   // Per (server, K/V end) of the document being counted, when it has many
   // pieces (see AddPrefixTraffic).

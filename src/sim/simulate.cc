@@ -357,12 +357,11 @@ Status ValidateSimOptions(const SimOptions& o) {
                     o.batch_size, G / o.cp, o.cp, G, o.cp));
   if (o.dedicated_servers < 0) return Status::InvalidArgument("dedicated servers must be >= 0");
   // Dedicated servers are GPUs too (tp each, on every stage).
-  if (o.gpus + int64_t{o.dedicated_servers} * o.tp * o.pp > kMaxSimGpus)
+  if (const int64_t server_gpus = int64_t{o.dedicated_servers} * o.tp * o.pp; o.gpus + server_gpus > kMaxSimGpus)
     return Status::OutOfRange(
-        fmt::format("gpus ({}) plus {} dedicated servers per stage ({} GPUs at tp {}, pp {}) make {} GPUs, "
-                    "above the simulator's limit of {}",
-                    o.gpus, o.dedicated_servers, int64_t{o.dedicated_servers} * o.tp * o.pp, o.tp, o.pp,
-                    o.gpus + int64_t{o.dedicated_servers} * o.tp * o.pp, kMaxSimGpus));
+        fmt::format("gpus ({}) plus {} dedicated servers per stage ({} GPUs at tp {}, pp {}) make {} GPUs, above the "
+                    "simulator's limit of {}",
+                    o.gpus, o.dedicated_servers, server_gpus, o.tp, o.pp, o.gpus + server_gpus, kMaxSimGpus));
   if (!(o.tolerance >= 0) || !(o.tolerance <= kMaxSimTolerance))
     return Status::InvalidArgument(
         fmt::format("tolerance must be a number in [0, {:g}], got {}", kMaxSimTolerance, o.tolerance));
