@@ -106,6 +106,18 @@ inline void StrictNumbers(CLI::App* app) {
   for (CLI::App* sub : app->get_subcommands({})) StrictNumbers(sub);
 }
 
+// CLI11's "Could not convert: --gpus = 4294967296", said plainly. A whole
+// number reaches the conversion only once CheckDecimal has found it within
+// 64 bits, so what fails there is an option of 32-bit int: say its range.
+inline CLI::ParseError Reworded(const CLI::ConversionError& e) {
+  static const std::regex kCouldNot(R"(Could not convert: (\S+) = (-?[0-9]+))");
+  std::smatch m;
+  const std::string what = e.what();
+  if (!std::regex_match(what, m, kCouldNot)) return e;
+  return CLI::ValidationError(m[1].str(),
+                              "is out of range for this option (-2147483648 to 2147483647), got " + m[2].str());
+}
+
 // Parses the command line with StrictNumbers in force. Returns true to go
 // on; otherwise CLI11 has printed the help (*exit_code 0) or the error
 // (*exit_code 2, the status every tool gives bad input).
@@ -114,6 +126,9 @@ inline bool Parse(CLI::App& app, int argc, char** argv, int* exit_code) {
   try {
     app.parse(argc, argv);
     return true;
+  } catch (const CLI::ConversionError& e) {
+    *exit_code = app.exit(Reworded(e)) == 0 ? 0 : 2;
+    return false;
   } catch (const CLI::ParseError& e) {
     *exit_code = app.exit(e) == 0 ? 0 : 2;
     return false;
