@@ -50,6 +50,14 @@ Status PlanPaper(const CostModel& cost, double eps, Plan* plan, std::vector<doub
 enum class PaperScan { kAuto, kFull, kIndexed };
 Status PlanPaper(const CostModel& cost, double eps, PaperScan scan, Plan* plan, std::vector<double>* loads);
 Status PlanDistca(const CostModel& cost, double eps, Plan* plan, std::vector<double>* loads);
+// How the distca policy's relocation pass reads the servers that run tasks
+// of a chunk's document; both ways give the same plan. kScan reads every one
+// for every chunk (time quadratic in servers for a document spread over
+// many; the reference for tests); kAuto (PlanDistca's) reads them while
+// there are few, else an index of them (by room and K/V reach) that reads
+// only those that can be the best.
+enum class DistcaRead { kAuto, kScan };
+Status PlanDistca(const CostModel& cost, double eps, DistcaRead read, Plan* plan, std::vector<double>* loads);
 // PlanDistca without its fallback: the greedy's own plan, bound_met saying
 // whether the greedy alone met the bound (for tests of the greedy).
 Status PlanDistcaGreedyOnly(const CostModel& cost, double eps, Plan* plan, std::vector<double>* loads);

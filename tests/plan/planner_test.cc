@@ -8,6 +8,7 @@
 #include <map>
 #include <numeric>
 #include <random>
+#include <set>
 
 #include "distca/plan.h"
 #include "plan/planner_internal.h"
@@ -507,6 +508,44 @@ TEST(PlannerTest, PaperIndexedReadMatchesThePublishedFullScan) {
   }
   EXPECT_GT(moved, 100);
   EXPECT_GT(split, 30);
+}
+
+// The distca policy's relocation pass reads an index of the servers running
+// a document's tasks once there are more than 16 of them; the plan must be
+// the one a read of every server gives.
+TEST(PlannerTest, DistcaIndexedRelocationMatchesTheFullRead) {
+  CostModel table;
+  ASSERT_TRUE(CostModel::FromTableCsv("q_len,kv_len,seconds\n128,128,1\n128,4096,9\n4096,4096,40\n", &table).ok());
+  std::mt19937_64 rng(11);
+  int wide = 0;  // cases with a document's tasks on more than 16 servers
+  for (int iter = 0; iter < 60; ++iter) {
+    PlanOptions o;
+    o.ranks = 17 + int(rng() % 48);
+    o.dedicated_servers = std::array<int, 3>{0, int(rng() % 20), 40 + int(rng() % 80)}[rng() % 3];
+    o.block = int64_t{1} << (rng() % 7);
+    o.policy = PlanPolicy::kColocated;
+    std::vector<int64_t> docs;
+    for (int n = 1 + int(rng() % 5); n > 0; --n) docs.push_back(1 + int64_t(rng() % (rng() % 2 ? 4000 : 400000)));
+    const CostModel& cost = rng() % 2 ? table : CostModel::Flops(o.model);
+    Plan layout;
+    ASSERT_TRUE(BuildPlan(docs, o, cost, &layout).ok());
+    const double eps = std::array<double, 4>{0.0, 0.01, 0.05, 0.2}[rng() % 4];
+    Plan scan = layout, indexed = layout;
+    std::vector<double> scan_loads, indexed_loads;
+    ASSERT_TRUE(plan::PlanDistca(cost, eps, plan::DistcaRead::kScan, &scan, &scan_loads).ok());
+    ASSERT_TRUE(plan::PlanDistca(cost, eps, plan::DistcaRead::kAuto, &indexed, &indexed_loads).ok());
+    ASSERT_EQ(indexed.tasks.size(), scan.tasks.size()) << "case " << iter;
+    for (size_t t = 0; t < scan.tasks.size(); ++t) {
+      const PlanTask &a = indexed.tasks[t], &b = scan.tasks[t];
+      ASSERT_TRUE(a.doc == b.doc && a.q_begin == b.q_begin && a.q_end == b.q_end && a.server == b.server)
+          << "case " << iter << ", task " << t;
+    }
+    EXPECT_EQ(indexed_loads, scan_loads) << "case " << iter;
+    std::vector<std::set<int>> servers(docs.size());
+    for (const PlanTask& t : scan.tasks) servers[t.doc].insert(t.server);
+    wide += std::any_of(servers.begin(), servers.end(), [](const std::set<int>& s) { return s.size() > 16; });
+  }
+  EXPECT_GT(wide, 30);
 }
 
 TEST(JsonTest, RoundTripAndErrors) {
