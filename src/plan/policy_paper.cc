@@ -21,8 +21,10 @@
 // measured table.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <set>
+#include <tuple>
 
 #include "plan/planner_internal.h"
 
@@ -74,8 +76,12 @@ class PaperPlanner {
   // (the simulator's 4D grid's distca-paper runs took a fifth less time so
   // than with the index from the start); a plan taking many steps gets the index early.
   static constexpr int64_t kFullScanSteps = 64;
-  // Builds the index of every item not moved out; full_scan_ false after.
-  void Index(int servers);
+  // Builds the index of every item not moved out, and the donors' keys
+  // (surplus: per server, its load less the mean); full_scan_ false after.
+  void Index(const std::set<int>& donors, const std::vector<double>& surplus);
+  // Keeps server s's place among the donors: call after its items or its
+  // surplus change (a donor while the surplus is above 0).
+  void KeyDonor(int s, double surplus);
   // Moves up to f of item i to `recipient`; returns the cost moved.
   double Split(size_t i, double f, int recipient);
   // Keeps item i's entry in its server's candidate index; call Unlist
@@ -98,14 +104,56 @@ class PaperPlanner {
   std::vector<std::set<std::pair<double, size_t>>> listed_;
   std::vector<std::multiset<double>> listed_flops_;  // their costs
   std::vector<int64_t> staying_;
+  // The donors with listed items, keyed so that a step need not read every
+  // one (which made a plan quadratic in servers). A donor whose largest item
+  // fits in its surplus is "loose": at a step whose need that item fits too,
+  // all its items move whole and each scores exactly its floor, so its best
+  // is its first listed item and the best of all such donors is the one with
+  // the least first (floor, index). The others are "tight" (an item beyond
+  // the surplus) and are read by their least floor, as are the loose ones
+  // whose largest item exceeds the step's need.
+  struct DonorKey {
+    bool listed = false, tight = false;
+    double floor = 0, largest = 0;  // its first item's floor, its largest item's cost
+    size_t item = 0;                // its first item
+  };
+  std::vector<DonorKey> keys_;
+  std::set<std::tuple<double, size_t, int>> loose_by_first_;  // (floor, item, server)
+  std::set<std::pair<double, int>> loose_by_largest_;         // (largest, server)
+  std::set<std::pair<double, int>> tight_by_floor_;           // (floor, server)
 };
 
-void PaperPlanner::Index(int servers) {
+void PaperPlanner::Index(const std::set<int>& donors, const std::vector<double>& surplus) {
+  const int servers = static_cast<int>(surplus.size());
   full_scan_ = false;
   listed_.assign(servers, {});
   listed_flops_.assign(servers, {});
   staying_.assign(servers, 0);
   for (size_t i = 0; i < items_.size(); ++i) List(i);
+  keys_.assign(servers, {});
+  for (int s : donors) KeyDonor(s, surplus[s]);
+}
+
+void PaperPlanner::KeyDonor(int s, double surplus) {
+  if (full_scan_) return;
+  DonorKey& k = keys_[s];
+  if (k.listed && k.tight) {
+    tight_by_floor_.erase({k.floor, s});
+  } else if (k.listed) {
+    loose_by_first_.erase({k.floor, k.item, s});
+    loose_by_largest_.erase({k.largest, s});
+  }
+  k.listed = surplus > 0 && !listed_[s].empty();
+  if (!k.listed) return;
+  std::tie(k.floor, k.item) = *listed_[s].begin();
+  k.largest = *listed_flops_[s].rbegin();
+  k.tight = !(k.largest <= surplus);
+  if (k.tight) {
+    tight_by_floor_.insert({k.floor, s});
+  } else {
+    loose_by_first_.insert({k.floor, k.item, s});
+    loose_by_largest_.insert({k.largest, s});
+  }
 }
 
 void PaperPlanner::List(size_t i) {
@@ -179,12 +227,17 @@ void PaperPlanner::Run(std::vector<double>* loads) {
   const double mean = std::accumulate(load.begin(), load.end(), 0.0) / servers;
   const double threshold = eps_ * mean;
   full_scan_ = true;
-  if (scan_ == PaperScan::kIndexed) Index(servers);
   int64_t steps = 0;
   // Donors: servers strictly above the mean, by index.
   std::set<int> donors;
   for (int s = 0; s < servers; ++s)
     if (load[s] - mean > 0) donors.insert(s);
+  const auto surplus_of = [&] {
+    std::vector<double> surplus(servers);
+    for (int s = 0; s < servers; ++s) surplus[s] = load[s] - mean;
+    return surplus;
+  };
+  if (scan_ == PaperScan::kIndexed) Index(donors, surplus_of());
 
   std::vector<int> recipients;
   for (int s = 0; s < servers; ++s)
@@ -203,11 +256,10 @@ void PaperPlanner::Run(std::vector<double>* loads) {
       // full read quadratic). Where every item of the donor moves whole
       // (its cost within surplus and need), each scores exactly its floor,
       // so an item at the best score after the best one ends the read too.
-      if (full_scan_ && scan_ == PaperScan::kAuto && steps == kFullScanSteps) Index(servers);
+      if (full_scan_ && scan_ == PaperScan::kAuto && steps == kFullScanSteps) Index(donors, surplus_of());
       ++steps;
       size_t best = items_.size();
       double best_score = 0, best_f = 0;
-      bool any_donor = false;
       // Item i of a donor with this surplus as a candidate.
       const auto consider = [&](size_t i, double surplus) {
         const double f = std::min({surplus, need, items_[i].flops});
@@ -222,25 +274,46 @@ void PaperPlanner::Run(std::vector<double>* loads) {
         for (size_t i = 0; i < items_.size(); ++i) {
           const Item& it = items_[i];
           const double surplus = load[it.server] - mean;
-          if (it.moved_out || surplus <= 0) continue;
-          any_donor = true;
-          if (it.flops > 0) consider(i, surplus);
+          if (it.moved_out || surplus <= 0 || it.flops <= 0) continue;
+          consider(i, surplus);
         }
       } else {
-        for (int s : donors) {
+        // A donor's items by floor, up to the first that cannot beat the
+        // best so far.
+        const auto read = [&](int s, bool whole) {
           const double surplus = load[s] - mean;
-          any_donor = any_donor || staying_[s] > 0;
-          if (listed_[s].empty()) continue;
-          const bool whole = *listed_flops_[s].rbegin() <= std::min(surplus, need);
           for (const auto& [floor, i] : listed_[s]) {
             if (best < items_.size() && (whole ? floor > best_score || (floor == best_score && i > best)
                                                : floor * (1 - kFloorSlack) > best_score))
               break;
             consider(i, surplus);
           }
+        };
+        // The best donor whose items all move whole at this step: the first
+        // loose one (by its first item) whose largest item fits the need.
+        // The loose ones passed over, and the tight ones, are read by their
+        // least floor: none clearly above the best score can beat it. (The
+        // best is the least (score, index) in whatever order the donors are
+        // read, and each read stops only at items that cannot beat the best
+        // so far, hence not the last.)
+        for (const auto& [floor, i, s] : loose_by_first_)
+          if (keys_[s].largest <= need) {
+            read(s, true);
+            break;
+          }
+        const auto can_win = [&](int s) {
+          return best == items_.size() || !(keys_[s].floor * (1 - kFloorSlack) > best_score);
+        };
+        for (auto it = loose_by_largest_.rbegin(); it != loose_by_largest_.rend() && !(it->first <= need); ++it)
+          if (can_win(it->second)) read(it->second, false);
+        for (const auto& [floor, s] : tight_by_floor_) {
+          if (!can_win(s)) break;
+          read(s, false);
         }
       }
-      if (!any_donor || best == items_.size()) break;
+      // (As published, no donor with an item left also ends the recipient;
+      // then there is no candidate either.)
+      if (best == items_.size()) break;
       const int donor = items_[best].server;
       const double moved = Split(best, best_f, r);
       if (moved <= 0) break;  // as published: give up on this recipient
@@ -252,6 +325,7 @@ void PaperPlanner::Run(std::vector<double>* loads) {
           donors.insert(s);
         else
           donors.erase(s);
+        KeyDonor(s, load[s] - mean);
       }
     }
   }
