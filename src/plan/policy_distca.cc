@@ -24,6 +24,7 @@
 #include <iterator>
 #include <limits>
 #include <map>
+#include <memory>
 #include <numeric>
 #include <queue>
 #include <set>
@@ -657,10 +658,13 @@ void DistcaPlanner::Relocate() {
     std::set<std::pair<double, int>> tails;     // (load, position) of the tails
     std::vector<std::pair<double, bool>> seen;  // per position: (load, tail) as indexed
   };
-  std::vector<EndsIndex> indexed(plan_.documents.size());
+  // (Made when a list outgrows the scan: most documents never need one,
+  // and a batch may hold millions.)
+  std::vector<std::unique_ptr<EndsIndex>> indexed(plan_.documents.size());
   std::vector<std::vector<int>> indexed_docs(servers_);  // server -> documents that index it
   auto refresh = [&](int doc, int at) {
-    EndsIndex& x = indexed[doc];
+    if (indexed[doc] == nullptr) indexed[doc] = std::make_unique<EndsIndex>();
+    EndsIndex& x = *indexed[doc];
     const auto& [server, server_ends] = ends[doc][at];
     if (static_cast<int>(x.seen.size()) <= at) x.seen.resize(at + 1, {0.0, false});
     auto& [load, tail] = x.seen[at];
@@ -744,7 +748,7 @@ void DistcaPlanner::Relocate() {
         // the first in list order among equals, from the best of the
         // servers that are neither tails nor hold rows of the chunk, the
         // tails with room, and the ranks that hold rows of the chunk.
-        const EndsIndex& x = indexed[t.doc];
+        const EndsIndex& x = *indexed[t.doc];
         int first = -1;
         auto offer = [&](int at) {
           const auto& [r, r_ends] = listed[at];
