@@ -176,8 +176,8 @@ class ServerPositions {
         if (server_of(list[i]) == server) return static_cast<int>(i);
       return -1;
     }
-    const auto it = at_.find(server);
-    return it == at_.end() ? -1 : it->second;
+    const auto it = at_->find(server);
+    return it == at_->end() ? -1 : it->second;
   }
   // Call after each push_back onto `list`. on_indexed(server) is called for
   // each server the index takes in: every one when the list outgrows the
@@ -186,14 +186,17 @@ class ServerPositions {
   void Added(const List& list, ServerOf server_of, OnIndexed on_indexed) {
     if (list.size() <= kIndexFrom) return;
     const size_t from = list.size() == kIndexFrom + 1 ? 0 : list.size() - 1;
+    if (at_ == nullptr) at_ = std::make_unique<std::unordered_map<int, int>>();
     for (size_t i = from; i < list.size(); ++i) {
-      at_.emplace(server_of(list[i]), static_cast<int>(i));
+      at_->emplace(server_of(list[i]), static_cast<int>(i));
       on_indexed(server_of(list[i]));
     }
   }
 
  private:
-  std::unordered_map<int, int> at_;
+  // Made when the list outgrows the scan (a batch may hold millions of
+  // short documents, each with a list of one or two).
+  std::unique_ptr<std::unordered_map<int, int>> at_;
 };
 
 // The relocation pass's index of one document's servers (by position in its
@@ -362,7 +365,7 @@ class DistcaPlanner {
   // them (a document spread over thousands of servers made that a scan per
   // move). holder_docs_[s]: the documents whose sets list server s.
   bool by_load_on_ = false;
-  std::vector<std::set<std::pair<double, int>>> by_load_;
+  std::unordered_map<int, std::set<std::pair<double, int>>> by_load_;  // only those documents
   std::vector<std::vector<int>> holder_docs_;
   void ListHolder(int doc, int server) {
     by_load_[doc].insert({load_[server], server});
@@ -371,15 +374,15 @@ class DistcaPlanner {
   // Sets server s's load, keeping the sets that list it in order.
   void SetLoad(int s, double load) {
     if (by_load_on_)
-      for (int d : holder_docs_[s]) by_load_[d].erase({load_[s], s});
+      for (int d : holder_docs_[s]) by_load_.at(d).erase({load_[s], s});
     load_[s] = load;
     if (by_load_on_)
-      for (int d : holder_docs_[s]) by_load_[d].insert({load_[s], s});
+      for (int d : holder_docs_[s]) by_load_.at(d).insert({load_[s], s});
   }
   // Per document with more than kIndexFrom pieces: rank -> its pieces, in
   // position order (a document over thousands of ranks made every lookup
   // of the rows a rank holds a scan of all of them).
-  std::vector<std::unordered_map<int, std::vector<int>>> pieces_at_;
+  std::unordered_map<int, std::unordered_map<int, std::vector<int>>> pieces_at_;  // only those documents
   // Calls fn(piece) for each piece of the document on `rank`, in position order.
   template <class Fn>
   void ForEachPieceOn(int doc, int rank, Fn&& fn) const {
@@ -389,8 +392,9 @@ class DistcaPlanner {
         if (p.rank == rank) fn(p);
       return;
     }
-    const auto it = pieces_at_[doc].find(rank);
-    if (it == pieces_at_[doc].end()) return;
+    const std::unordered_map<int, std::vector<int>>& at = pieces_at_.at(doc);
+    const auto it = at.find(rank);
+    if (it == at.end()) return;
     for (int i : it->second) fn(pieces[i]);
   }
   // Receivers by remaining room (lazy: entries are checked against load_).
@@ -554,7 +558,7 @@ Move DistcaPlanner::DonorBest(int donor) {
     } else {
       // The same choice from the set: the first kHolders eligible by (load,
       // index) when there are more, else all of them in arrival order.
-      for (const auto& [load, s] : by_load_[t.doc]) {
+      for (const auto& [load, s] : by_load_.at(t.doc)) {
         if (!(cap_ - load > 0) || holders.size() > kHolders) break;  // the rest have no room
         if (eligible(s)) holders.push_back(s);
       }
@@ -798,9 +802,10 @@ Status DistcaPlanner::Run(double eps, bool repack, std::vector<double>* loads) {
   load_.assign(servers_, 0.0);
   server_tasks_.assign(servers_, {});
   kv_.assign(plan_.documents.size(), {});
-  kv_at_.assign(plan_.documents.size(), {});
+  kv_at_.clear();
+  kv_at_.resize(plan_.documents.size());
   by_load_on_ = false;
-  pieces_at_.assign(plan_.documents.size(), {});
+  pieces_at_.clear();
   for (size_t d = 0; d < plan_.documents.size(); ++d) {
     const std::vector<PlanPiece>& pieces = plan_.documents[d].pieces;
     if (pieces.size() > kIndexFrom)
@@ -822,7 +827,7 @@ Status DistcaPlanner::Run(double eps, bool repack, std::vector<double>* loads) {
   cap_ = (1.0 + eps) * mean;
   for (int s = 0; s < servers_; ++s)
     if (load_[s] < cap_) receivers_.push({cap_ - load_[s], s});
-  by_load_.assign(plan_.documents.size(), {});
+  by_load_.clear();
   holder_docs_.assign(servers_, {});
   by_load_on_ = true;
   for (size_t d = 0; d < kv_.size(); ++d)
