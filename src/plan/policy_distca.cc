@@ -203,8 +203,9 @@ class ServerPositions {
 // list): each entry's load and the end of its K/V need, m. Best(w, cap, qe,
 // skip) is the entry with load + w <= cap that has the largest min(m, qe),
 // the first in position order among equals (-1 if none): a depth-first
-// search, left first, that skips subtrees with no room or no larger key and
-// stops once a key reaches qe. An entry left out has load +inf and m -1.
+// search, left first, that skips subtrees with no room or no larger key (so
+// it reads nothing more once a key reaches qe). An entry left out has load
+// +inf and m -1.
 class EndsTree {
  public:
   void Set(int pos, double load, int64_t m) {
@@ -769,6 +770,8 @@ void DistcaPlanner::Relocate() {
           if (load + w > cap_) break;
           offer(at);
         }
+        // (The shared read of these ranks below considers them again: in
+        // list order here, as the full read does, for ties.)
         ForEachPieceOverlapping(plan_.documents[t.doc], t.q_begin, t.q_end,
                                 [&](size_t, const PlanPiece& p, int64_t, int64_t) {
                                   if (const int at = ends_index(t.doc, p.rank); at >= 0) offer(at);

@@ -77,8 +77,9 @@ class PaperPlanner {
   // than with the index from the start); a plan taking many steps gets the index early.
   static constexpr int64_t kFullScanSteps = 64;
   // Builds the index of every item not moved out, and the donors' keys
-  // (surplus: per server, its load less the mean); full_scan_ false after.
-  void Index(const std::set<int>& donors, const std::vector<double>& surplus);
+  // (surplus: per server, its load less the mean; a donor while above 0);
+  // full_scan_ false after.
+  void Index(const std::vector<double>& surplus);
   // Keeps server s's place among the donors: call after its items or its
   // surplus change (a donor while the surplus is above 0).
   void KeyDonor(int s, double surplus);
@@ -98,12 +99,9 @@ class PaperPlanner {
   const double kv_width_ = 2.0 * plan_.model.kv_heads * plan_.model.head_dim;
   std::vector<Item> items_;
   // Per server, its items still candidates (not moved out) with work left,
-  // ordered by (floor, index), and the number of its items not moved out
-  // (with or without work: any of them makes the server count as a donor
-  // while it is above the mean, as published).
+  // ordered by (floor, index).
   std::vector<std::set<std::pair<double, size_t>>> listed_;
   std::vector<std::multiset<double>> listed_flops_;  // their costs
-  std::vector<int64_t> staying_;
   // The donors with listed items, keyed so that a step need not read every
   // one (which made a plan quadratic in servers). A donor whose largest item
   // fits in its surplus is "loose": at a step whose need that item fits too,
@@ -123,15 +121,17 @@ class PaperPlanner {
   std::set<std::pair<double, int>> tight_by_floor_;           // (floor, server)
 };
 
-void PaperPlanner::Index(const std::set<int>& donors, const std::vector<double>& surplus) {
+void PaperPlanner::Index(const std::vector<double>& surplus) {
   const int servers = static_cast<int>(surplus.size());
   full_scan_ = false;
   listed_.assign(servers, {});
   listed_flops_.assign(servers, {});
-  staying_.assign(servers, 0);
   for (size_t i = 0; i < items_.size(); ++i) List(i);
   keys_.assign(servers, {});
-  for (int s : donors) KeyDonor(s, surplus[s]);
+  loose_by_first_.clear();
+  loose_by_largest_.clear();
+  tight_by_floor_.clear();
+  for (int s = 0; s < servers; ++s) KeyDonor(s, surplus[s]);
 }
 
 void PaperPlanner::KeyDonor(int s, double surplus) {
@@ -158,9 +158,7 @@ void PaperPlanner::KeyDonor(int s, double surplus) {
 
 void PaperPlanner::List(size_t i) {
   Item& it = items_[i];
-  if (full_scan_ || it.moved_out) return;
-  ++staying_[it.server];
-  if (it.flops <= 0) return;
+  if (full_scan_ || it.moved_out || it.flops <= 0) return;
   it.floor = Score(it, it.flops);
   listed_[it.server].insert({it.floor, i});
   listed_flops_[it.server].insert(it.flops);
@@ -168,9 +166,7 @@ void PaperPlanner::List(size_t i) {
 
 void PaperPlanner::Unlist(size_t i) {
   const Item& it = items_[i];
-  if (full_scan_ || it.moved_out) return;
-  --staying_[it.server];
-  if (it.flops <= 0) return;
+  if (full_scan_ || it.moved_out || it.flops <= 0) return;
   listed_[it.server].erase({it.floor, i});
   std::multiset<double>& costs = listed_flops_[it.server];
   costs.erase(costs.find(it.flops));
@@ -228,16 +224,13 @@ void PaperPlanner::Run(std::vector<double>* loads) {
   const double threshold = eps_ * mean;
   full_scan_ = true;
   int64_t steps = 0;
-  // Donors: servers strictly above the mean, by index.
-  std::set<int> donors;
-  for (int s = 0; s < servers; ++s)
-    if (load[s] - mean > 0) donors.insert(s);
+  // Donors are the servers strictly above the mean.
   const auto surplus_of = [&] {
     std::vector<double> surplus(servers);
     for (int s = 0; s < servers; ++s) surplus[s] = load[s] - mean;
     return surplus;
   };
-  if (scan_ == PaperScan::kIndexed) Index(donors, surplus_of());
+  if (scan_ == PaperScan::kIndexed) Index(surplus_of());
 
   std::vector<int> recipients;
   for (int s = 0; s < servers; ++s)
@@ -256,7 +249,7 @@ void PaperPlanner::Run(std::vector<double>* loads) {
       // full read quadratic). Where every item of the donor moves whole
       // (its cost within surplus and need), each scores exactly its floor,
       // so an item at the best score after the best one ends the read too.
-      if (full_scan_ && scan_ == PaperScan::kAuto && steps == kFullScanSteps) Index(donors, surplus_of());
+      if (full_scan_ && scan_ == PaperScan::kAuto && steps == kFullScanSteps) Index(surplus_of());
       ++steps;
       size_t best = items_.size();
       double best_score = 0, best_f = 0;
@@ -296,11 +289,13 @@ void PaperPlanner::Run(std::vector<double>* loads) {
         // best is the least (score, index) in whatever order the donors are
         // read, and each read stops only at items that cannot beat the best
         // so far, hence not the last.)
-        for (const auto& [floor, i, s] : loose_by_first_)
-          if (keys_[s].largest <= need) {
-            read(s, true);
-            break;
-          }
+        // (When the smallest largest item exceeds the need, none does.)
+        if (!loose_by_largest_.empty() && loose_by_largest_.begin()->first <= need)
+          for (const auto& [floor, i, s] : loose_by_first_)
+            if (keys_[s].largest <= need) {
+              read(s, true);
+              break;
+            }
         const auto can_win = [&](int s) {
           return best == items_.size() || !(keys_[s].floor * (1 - kFloorSlack) > best_score);
         };
@@ -320,13 +315,7 @@ void PaperPlanner::Run(std::vector<double>* loads) {
       load[donor] -= moved;
       load[r] += moved;
       need -= moved;
-      for (int s : {donor, r}) {
-        if (load[s] - mean > 0)
-          donors.insert(s);
-        else
-          donors.erase(s);
-        KeyDonor(s, load[s] - mean);
-      }
+      for (int s : {donor, r}) KeyDonor(s, load[s] - mean);
     }
   }
 
