@@ -41,11 +41,12 @@ constexpr const char* kMaxMessageEnv = "DISTCA_MPI_MAX_MESSAGE";
 // Tags above the user range carry the collectives built from point-to-point.
 constexpr int kInternalTagBase = Comm::kMaxUserTag + 1;
 
-// Prints why this rank fails and ends every rank of the job.
+// Prints why this rank fails and ends every rank of the job, with the exit
+// status the tools give a failed run (2; mpirun passes it on).
 void AbortJob(int rank, int size, const Status& why) {
   std::fprintf(stderr, "distca: rank %d of %d is aborting the job: %s\n", rank, size, why.ToString().c_str());
   std::fflush(stderr);
-  MPI_Abort(MPI_COMM_WORLD, 1);
+  MPI_Abort(MPI_COMM_WORLD, 2);
 }
 
 Status MpiCheck(int rc, const char* what) {

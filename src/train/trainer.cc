@@ -268,43 +268,87 @@ Status AllreduceDouble(Comm& comm, double* value) {
   return Status::Ok();
 }
 
-// Every rank starts from the same state: the step, the data position and
-// the weights (hashed over about 2^20 to 2^21 evenly spaced parameters). Under
-// mpirun each process loads its own --load (a job's processes may even be
-// given different ones), and ranks that resumed at different steps would
-// wait on each other's collectives forever; at one step with other weights
-// they would train apart silently.
-Status CheckRanksStartAlike(Comm& comm, int64_t step, const DataPosition& data, const Transformer& model) {
+// FNV-1a, 64-bit.
+struct Fnv {
+  uint64_t hash = 1469598103934665603ull;
+  void Add(uint64_t bits) { hash = (hash ^ bits) * 1099511628211ull; }
+};
+
+// Rank 0's copy of the `bytes` at `mine` into *root, and how many ranks
+// hold other bytes (*differing): every rank returns the same count.
+Status CompareWithRoot(Comm& comm, const void* mine, void* root, size_t bytes, int* differing) {
+  std::memcpy(root, mine, bytes);
+  DISTCA_RETURN_IF_ERROR(comm.Broadcast(root, static_cast<int64_t>(bytes), 0));
+  float differs = std::memcmp(mine, root, bytes) != 0 ? 1.0f : 0.0f;
+  DISTCA_RETURN_IF_ERROR(comm.AllreduceSum(&differs, 1));
+  *differing = static_cast<int>(differs);
+  return Status::Ok();
+}
+
+// Every rank starts from the same state: the step, the data position, the
+// weights (hashed over about 2^20 to 2^21 evenly spaced parameters) and the
+// step it trains to. Under mpirun each process loads its own --load (a
+// job's processes may even be given different ones), and ranks that resumed
+// at different steps, or that stop at different ones, would wait on each
+// other's collectives forever; at one step with other weights they would
+// train apart silently.
+Status CheckRanksStartAlike(Comm& comm, int64_t step, int64_t final_step, const DataPosition& data,
+                            const Transformer& model) {
   struct Start {
-    int64_t step, data_step, epoch, cursor, offset;
+    int64_t step, final_step, data_step, epoch, cursor, offset;
     uint64_t weights;
   };
-  uint64_t hash = 1469598103934665603ull;  // FNV-1a over the sampled parameters' bits
+  Fnv weights;  // over the sampled parameters' bits
   const int64_t n = model.size(), stride = std::max<int64_t>(1, n >> 20);
   for (int64_t i = 0; i < n; i += stride) {
     uint32_t bits = 0;
     std::memcpy(&bits, model.params() + i, sizeof bits);
-    hash = (hash ^ bits) * 1099511628211ull;
+    weights.Add(bits);
   }
-  const Start mine{step, data.step, data.epoch, data.cursor, data.offset, hash};
-  Start root = mine;
-  DISTCA_RETURN_IF_ERROR(comm.Broadcast(&root, sizeof root, 0).WithContext("comparing the ranks' starting states"));
-  const bool i_differ = std::memcmp(&mine, &root, sizeof mine) != 0;
-  float differs = i_differ ? 1.0f : 0.0f;
-  DISTCA_RETURN_IF_ERROR(comm.AllreduceSum(&differs, 1).WithContext("comparing the ranks' starting states"));
+  const Start mine{step, final_step, data.step, data.epoch, data.cursor, data.offset, weights.hash};
+  Start root{};
+  int differs = 0;
+  DISTCA_RETURN_IF_ERROR(
+      CompareWithRoot(comm, &mine, &root, sizeof mine, &differs).WithContext("comparing the ranks' starting states"));
   if (differs == 0) return Status::Ok();
   const auto describe = [](const Start& s) {
-    return fmt::format("step {}, data position ({}, {}, {}, {}), weights hash {:016x}", s.step, s.data_step, s.epoch,
-                       s.cursor, s.offset, s.weights);
+    return fmt::format("step {} of {}, data position ({}, {}, {}, {}), weights hash {:016x}", s.step, s.final_step,
+                       s.data_step, s.epoch, s.cursor, s.offset, s.weights);
   };
-  if (i_differ)
+  if (std::memcmp(&mine, &root, sizeof mine) != 0)
     return Status::FailedPrecondition(fmt::format(
-        "rank {} starts from another state than rank 0: every rank must resume from the same checkpoint ({} "
-        "against {})",
+        "rank {} starts from another state than rank 0: every rank must resume from the same checkpoint and "
+        "train to the same --steps ({} against {})",
         comm.rank(), describe(mine), describe(root)));
   return Status::FailedPrecondition(
-      fmt::format("{} rank(s) start from another state than rank 0: every rank must resume from the same checkpoint",
-                  int(differs)));
+      fmt::format("{} rank(s) start from another state than rank 0: every rank must resume from the same checkpoint "
+                  "and train to the same --steps",
+                  differs));
+}
+
+// Every rank read the same batch (its documents' lengths and tokens). Each
+// rank reads the data itself; ranks given different data (node-local
+// copies that differ) would plan different exchanges, whose messages then
+// do not match: MPI's behaviour after such an error is undefined (a crash
+// inside the library was seen).
+Status CheckRanksReadAlike(Comm& comm, const Batch& batch) {
+  Fnv h;
+  for (const std::vector<int32_t>& doc : batch.docs) {
+    h.Add(doc.size());
+    for (int32_t id : doc) h.Add(static_cast<uint32_t>(id));
+  }
+  uint64_t root = 0;
+  int differs = 0;
+  DISTCA_RETURN_IF_ERROR(CompareWithRoot(comm, &h.hash, &root, sizeof root, &differs));
+  if (differs == 0) return Status::Ok();
+  constexpr const char* kSameData =
+      "every rank must be given the same data (--data, --docs-file and the files they name)";
+  if (h.hash != root)
+    return Status::FailedPrecondition(
+        fmt::format("rank {} read another batch than rank 0 ({} documents, {} tokens, hash {:016x} against rank 0's "
+                    "{:016x}): {}",
+                    comm.rank(), batch.docs.size(), batch.tokens(), h.hash, root, kSameData));
+  return Status::FailedPrecondition(fmt::format("{} rank(s) read another batch than rank 0: {}", differs, kSameData));
 }
 
 }  // namespace
@@ -392,7 +436,7 @@ Status Train(Comm& comm, const TrainOptions& options, const std::function<void(c
             .WithContext(
                 fmt::format("{}: batches[{}]", o.data.docs_file.empty() ? "given batches" : o.data.docs_file, b)));
   }
-  DISTCA_RETURN_IF_ERROR(CheckRanksStartAlike(comm, step, stream->position(), *model));
+  DISTCA_RETURN_IF_ERROR(CheckRanksStartAlike(comm, step, o.steps, stream->position(), *model));
 
   PingPongOptions exec_options;
   exec_options.layers = o.model.num_layers;
@@ -412,6 +456,7 @@ Status Train(Comm& comm, const TrainOptions& options, const std::function<void(c
     const double cpu_start = ThreadCpuSeconds();
     Batch batch;
     DISTCA_RETURN_IF_ERROR(stream->Next(&batch).WithContext(fmt::format("step {}", step + 1)));
+    DISTCA_RETURN_IF_ERROR(CheckRanksReadAlike(comm, batch).WithContext(fmt::format("step {}", step + 1)));
     const std::vector<int64_t> lengths = batch.lengths();
     const int64_t tokens = batch.tokens();
     DISTCA_RETURN_IF_ERROR(CheckBatch(lengths, o, data_ranks).WithContext(fmt::format("step {}", step + 1)));
