@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -155,6 +156,8 @@ struct SafetensorsFile {
   std::vector<std::pair<std::string, std::string>> metadata;
   const Entry* Find(const std::string& name) const;
 };
-Status ReadSafetensors(const std::string& path, SafetensorsFile* file);
+// Files over 8 bytes + the header limit + max_data_bytes are refused unread.
+Status ReadSafetensors(const std::string& path, SafetensorsFile* file,
+                       uint64_t max_data_bytes = std::numeric_limits<uint64_t>::max());
 
 }  // namespace distca

@@ -12,6 +12,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "common/excerpt.h"
+
 namespace distca {
 
 Status ReadTextFile(const std::string& path, std::string* contents, size_t stream_limit) {
@@ -180,6 +182,15 @@ Status CheckOutputDirectory(const std::string& dir, std::string_view what) {
   while (!std::filesystem::exists(std::filesystem::symlink_status(p, ec)) && p.has_relative_path()) p = p.parent_path();
   const std::string cannot = "cannot create " + name + " '" + dir + "': '" + p.string() + "' ";
   if (!std::filesystem::is_directory(p, ec)) return Status::IoError(cannot + "is not a directory");
+  // The names still to be created must fit the file system (a 300-byte
+  // name passed the probe below, and the run failed at its first save).
+  const long name_max = ::pathconf(p.c_str(), _PC_NAME_MAX);
+  const std::filesystem::path whole = std::filesystem::absolute(dir, ec);
+  for (auto it = std::next(whole.begin(), std::distance(p.begin(), p.end())); !ec && it != whole.end(); ++it)
+    if (name_max > 0 && it->native().size() > static_cast<size_t>(name_max))
+      return Status::InvalidArgument("cannot create " + name + " '" + Excerpt(dir) + "': the name '" +
+                                     Excerpt(it->native()) + "' is longer than the " + std::to_string(name_max) +
+                                     " bytes the file system allows");
   std::string probe = (p / ".distca-probe-XXXXXX").string();
   if (::mkdtemp(probe.data()) == nullptr)
     return Status::IoError("cannot create " + name + " '" + dir + "': cannot write into '" + p.string() +

@@ -147,9 +147,25 @@ Status WriteSafetensors(const std::string& path, const std::vector<NamedTensor>&
   return WriteFileAtomic(path, bytes);
 }
 
-Status ReadSafetensors(const std::string& path, SafetensorsFile* file) {
+// A checkpoint file larger than `max_bytes` is refused before it is read (a
+// 20 GB model file, or /dev/zero, would otherwise be read whole into memory
+// only to be found wrong).
+Status CheckFileAtMost(const std::string& path, uint64_t max_bytes, const char* holds) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) return Status::Ok();  // ReadTextFile's stream limit applies
+  const uintmax_t size = fs::file_size(path, ec);
+  if (!ec && size > max_bytes)
+    return Status::InvalidArgument(
+        fmt::format("{}: {} bytes, more than the {} bytes {} can take", path, size, max_bytes, holds));
+  return Status::Ok();
+}
+
+Status ReadSafetensors(const std::string& path, SafetensorsFile* file, uint64_t max_data_bytes) {
+  const uint64_t max_bytes = 8 + kMaxHeaderBytes + std::min(max_data_bytes, uint64_t{1} << 62);
+  DISTCA_RETURN_IF_ERROR(CheckFileAtMost(path, max_bytes, "a header and this model's tensors"));
   std::string bytes;
-  DISTCA_RETURN_IF_ERROR(ReadTextFile(path, &bytes));
+  DISTCA_RETURN_IF_ERROR(
+      ReadTextFile(path, &bytes, static_cast<size_t>(std::min<uint64_t>(max_bytes, kMaxStreamReadBytes))));
   if (bytes.size() < 8) return Status::InvalidArgument(path + ": too short for a safetensors header");
   uint64_t head_size = 0;
   std::memcpy(&head_size, bytes.data(), 8);
@@ -339,7 +355,11 @@ Status LoadCheckpoint(const std::string& dir, Transformer* model, AdamW* optimiz
   }
   const std::string where = ckpt.string();
   std::string text;
-  DISTCA_RETURN_IF_ERROR(ReadTextFile((ckpt / "state.json").string(), &text));
+  // A state file is a few hundred bytes.
+  constexpr uint64_t kMaxStateBytes = 1 << 20;
+  const std::string state_path = (ckpt / "state.json").string();
+  DISTCA_RETURN_IF_ERROR(CheckFileAtMost(state_path, kMaxStateBytes, "a state file"));
+  DISTCA_RETURN_IF_ERROR(ReadTextFile(state_path, &text, kMaxStateBytes));
   json j;
   TrainState st;
   int64_t optimizer_step = 0;
@@ -389,10 +409,11 @@ Status LoadCheckpoint(const std::string& dir, Transformer* model, AdamW* optimiz
     return Status::InvalidArgument("LoadCheckpoint: the optimizer is not this model's");
   SafetensorsFile moments, weights;
   const std::string moments_path = where + "/optimizer.safetensors", weights_path = where + "/model.safetensors";
-  DISTCA_RETURN_IF_ERROR(ReadSafetensors((ckpt / "optimizer.safetensors").string(), &moments));
+  const uint64_t tensor_bytes = uint64_t(model->size()) * sizeof(float);
+  DISTCA_RETURN_IF_ERROR(ReadSafetensors((ckpt / "optimizer.safetensors").string(), &moments, 2 * tensor_bytes));
   DISTCA_RETURN_IF_ERROR(CheckTensors(moments, layout, {"m.", "v."}, st.step, moments_path));
   DISTCA_RETURN_IF_ERROR(CheckTensorValues(moments, moments_path));
-  DISTCA_RETURN_IF_ERROR(ReadSafetensors((ckpt / "model.safetensors").string(), &weights));
+  DISTCA_RETURN_IF_ERROR(ReadSafetensors((ckpt / "model.safetensors").string(), &weights, tensor_bytes));
   DISTCA_RETURN_IF_ERROR(CheckTensors(weights, layout, {""}, st.step, weights_path));
   DISTCA_RETURN_IF_ERROR(CheckTensorValues(weights, weights_path));
   CopyTensors(weights, layout, "", model->params());
