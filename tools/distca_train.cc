@@ -6,9 +6,11 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -42,6 +44,54 @@ struct Args {
   bool compare = false;
   distca::TrainOptions train;
 };
+
+// Whether `path` names `other`, or lies under the directory `other` (with
+// under): compared as files where both exist, else by their canonical form.
+bool SamePlace(const std::string& path, const std::string& other, bool under) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!under && fs::equivalent(path, other, ec) && !ec) return true;
+  const fs::path p = fs::weakly_canonical(path, ec), o = fs::weakly_canonical(other, ec);
+  if (ec) return false;
+  if (!under) return p == o;
+  const auto [o_end, p_at] = std::mismatch(o.begin(), o.end(), p.begin(), p.end());
+  return o_end == o.end() || (std::next(o_end) == o.end() && o_end->empty());
+}
+
+// Why the outputs (--trace, --json-log) would overwrite an input or each
+// other ("" when they would not): the run read its inputs first and
+// finished with exit 0, leaving a docs file replaced by a trace, or a
+// checkpoint with log lines in its state.json.
+std::string OutputClash(const Args& a, const distca::TrainOptions& t) {
+  std::vector<std::pair<std::string, std::string>> outputs;  // (flag, path)
+  if (!a.trace_file.empty()) outputs.emplace_back("--trace", a.trace_file);
+  if (!a.json_log.empty()) outputs.emplace_back("--json-log", a.json_log);
+  if (outputs.size() == 2 && SamePlace(a.trace_file, a.json_log, false)) return "--trace and --json-log name one file";
+  std::vector<std::pair<std::string, std::string>> files, dirs;  // (what, path)
+  if (!a.docs_file.empty()) files.emplace_back("the --docs-file", a.docs_file);
+  const auto spec = [&](const char* kind) {
+    return a.data.rfind(kind, 0) == 0 ? a.data.substr(std::strlen(kind)) : std::string();
+  };
+  if (const std::string f = spec("synthetic:"); !f.empty()) files.emplace_back("the --data file", f);
+  if (const std::string f = spec("indexed:"); !f.empty()) {
+    files.emplace_back("the --data index", f + ".idx");
+    files.emplace_back("the --data tokens", f + ".bin");
+  }
+  if (const std::string d = spec("text:"); !d.empty()) dirs.emplace_back("the --data corpus", d);
+  for (const auto& [flag, out] : outputs) {
+    for (const auto& [what, in] : files)
+      if (SamePlace(out, in, false)) return fmt::format("{} {} would overwrite {}", flag, out, what);
+    for (const auto& [what, in] : dirs)
+      if (SamePlace(out, in, true)) return fmt::format("{} {} would write into {} ({})", flag, out, what, in);
+    // A checkpoint's own files, in the directory resumed from or saved to.
+    const std::string name = std::filesystem::path(out).filename().string();
+    if (name == "state.json" || name == "model.safetensors" || name == "optimizer.safetensors" || name == "latest")
+      for (const std::string& dir : {t.load_dir, t.save_dir})
+        if (!dir.empty() && SamePlace(out, dir, true))
+          return fmt::format("{} {} would overwrite a checkpoint file in {}", flag, out, dir);
+  }
+  return "";
+}
 
 std::string Duration(double s) {
   // An estimate past 10^6 hours (--steps near 2^63) prints as such rather
@@ -253,6 +303,7 @@ int Run(int argc, char** argv) {
   if (a.compare && app.count("--attention") > 0) return Fail("--compare runs both attention modes; drop --attention");
   if (!a.trace_file.empty())
     if (Status st = distca::CheckOutputPath(a.trace_file); !st.ok()) return Fail("--trace: " + st.message());
+  if (const std::string clash = OutputClash(a, t); !clash.empty()) return Fail(clash);
   if (a.compare && !t.load_dir.empty()) return Fail("--compare starts both runs from scratch; drop --load");
   if (a.compare && !t.save_dir.empty()) return Fail("--compare does not save; drop --save");
 
