@@ -118,8 +118,8 @@ int Run(int argc, char** argv) {
   app.add_option("--upsample-threshold", a.recipe.upsample_threshold,
                  "length from which a document is long (Default: 65536)")
       ->check(distca::cli::kPositive);
-  app.add_option("--filter-ratio", a.recipe.filter_ratio, "fraction of short documents kept (Default: 1)")
-      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--filter-ratio", a.recipe.filter_ratio, "fraction of short documents kept in (0, 1] (Default: 1)")
+      ->check(distca::cli::kShare);
   app.add_option("--elongate", a.recipe.elongate, "length multiplier (Default: 1)")->check(distca::cli::kPositive);
   app.add_option("--seed", a.recipe.seed, "sampling seed (Default: 0)");
   app.add_option("--ranks", a.plan.ranks, "ranks R")->required()->check(distca::cli::kPositive);

@@ -228,14 +228,15 @@ int Run(int argc, char** argv) {
   app.add_option("--max-doc-len", t.data.max_doc_len, "cut longer documents (Default: no cap)")->check(nonneg);
   app.add_option("--upsample", t.data.recipe.upsample, "synthetic: copies of each long document (Default: 1)")
       ->check(pos);
-  app.add_option("--filter-ratio", t.data.recipe.filter_ratio, "synthetic: share of short documents kept (Default: 1)")
-      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--filter-ratio", t.data.recipe.filter_ratio,
+                 "synthetic: share of short documents kept in (0, 1] (Default: 1)")
+      ->check(distca::cli::kShare);
   app.add_option("--elongate", t.data.recipe.elongate, "synthetic: length multiplier (Default: 1)")->check(pos);
   app.add_option("--tokens-per-rank", t.tokens_per_rank,
                  "tokens per rank per step (Default: with --docs-file the batch total / ranks)")
       ->check(pos);
   app.add_option("--steps", t.steps, "train until this step (Default: 10)")->check(pos);
-  app.add_option("--lr", t.lr, "peak learning rate (Default: 3e-4)")->check(pos)->check(distca::cli::kFitsFloat);
+  app.add_option("--lr", t.lr, "peak learning rate (Default: 3e-4)")->check(distca::cli::kPositiveFloat);
   app.add_option("--min-lr", t.min_lr, "learning rate at the end of the cosine (Default: 3e-5)")
       ->check(nonneg)
       ->check(distca::cli::kFitsFloat);

@@ -53,6 +53,12 @@ inline const CLI::Validator kPositive =
 inline const CLI::Validator kFitsFloat = NumberValidator([](double v) { return std::abs(v) <= 3.4028234663852886e38; },
                                                          "is beyond the range of a float", "must be a number", "FLOAT");
 
+// Accepts positive numbers a float holds as positive (>= FLT_TRUE_MIN,
+// 1.4e-45: smaller ones round to 0, which a positive option would then take).
+inline const CLI::Validator kPositiveFloat =
+    NumberValidator([](double v) { return v >= 1.401298464324817e-45 && v <= 3.4028234663852886e38; },
+                    "must be a positive number a float holds (1.4e-45 to 3.4e38)", "must be a number", "POSITIVE");
+
 // Accepts numbers >= 0.
 inline const CLI::Validator kNonNegative =
     NumberValidator([](double v) { return v >= 0; }, "must be >= 0", "must be a number", "NON-NEGATIVE");
