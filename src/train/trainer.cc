@@ -210,7 +210,13 @@ Status CheckBatch(const std::vector<int64_t>& lengths, const TrainOptions& o, in
 // ModelPass keeps: the layer input, attention norm output, attention output
 // and mid-layer residual, the MLP norm output, gate and up, and both norms'
 // reciprocal RMS; what the executor keeps: Q, K, V, O and the LSE; the
-// SwiGLU output is recomputed) plus one chunk of logits (ModelPass computes the LM head in chunks of at most
+// SwiGLU output is recomputed), plus (3h + D + (Hq + 2 Hkv) D + 4 ffn) floats
+// per token outside the layers (ModelPass's last output, the residual's
+// gradient and the rotary tables per nano-batch, and its scratch for the
+// projections, the MLP and their gradients, sized for the largest
+// nano-batch: counted here at all the rank's tokens; without these the
+// estimate was 1.3-1.75x below the measured peak), plus one chunk of logits
+// (ModelPass computes the LM head in chunks of at most
 // kDefaultMaxLogitFloats floats, or one row), or, where a checkpoint is loaded before
 // the first step allocates them, the larger of those and what loading holds
 // (kLoadBytesPerParameter); times the ranks that share this machine
@@ -222,9 +228,11 @@ Status CheckMemory(const Comm& comm, const TrainOptions& o, int64_t tokens_per_r
   const ModelConfig& m = o.model;
   const int64_t params = ParameterCount(m);
   const double state = 16.0 * double(params);
-  const double per_token = 4.0 * double(m.num_layers) *
-                           (5.0 * m.hidden + 2.0 * m.q_heads * m.head_dim() + 2.0 * m.kv_heads * m.head_dim() +
-                            2.0 * m.ffn_hidden + m.q_heads + 2.0);
+  const double D = m.head_dim();
+  const double per_token =
+      4.0 * double(m.num_layers) *
+          (5.0 * m.hidden + 2.0 * m.q_heads * D + 2.0 * m.kv_heads * D + 2.0 * m.ffn_hidden + m.q_heads + 2.0) +
+      4.0 * (3.0 * m.hidden + D + (m.q_heads + 2.0 * m.kv_heads) * D + 4.0 * m.ffn_hidden);
   const double logits = 4.0 * std::min(double(m.vocab_size) * double(tokens_per_rank),
                                        std::max(double(m.vocab_size), double(ModelPass::kDefaultMaxLogitFloats)));
   const double saving = o.save_dir.empty() ? 0.0 : double(kSaveBytesPerParameter) * double(params);
