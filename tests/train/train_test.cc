@@ -492,7 +492,14 @@ TEST(TrainTest, BadOptionsAreRejected) {
     return 5.0 * c.hidden + 2.0 * c.q_heads * c.head_dim() + 2.0 * c.kv_heads * c.head_dim() + 2.0 * c.ffn_hidden +
            c.q_heads + 2.0;
   };
-  const double activations = 4.0 * double(t.tokens_per_rank) * (m.num_layers * kept(m) + m.vocab_size);
+  // Floats per token outside the layers: ModelPass's last output and
+  // residual gradient (2h), rotary tables (D), and its scratch: Q/K/V
+  // projections ((Hq + 2 Hkv) D), the SwiGLU output and its gradient, the
+  // gate/up gradient (4 ffn), a norm's gradient (h).
+  const auto outside = [](const ModelConfig& c) {
+    return 3.0 * c.hidden + c.head_dim() + (c.q_heads + 2.0 * c.kv_heads) * c.head_dim() + 4.0 * c.ffn_hidden;
+  };
+  const double activations = 4.0 * double(t.tokens_per_rank) * (m.num_layers * kept(m) + outside(m) + m.vocab_size);
   t.memory_bytes = 2 * (state + activations) * (1 - 1e-9);  // just below: refused
   s = RunLocal(2, [&](Comm& comm) { return Train(comm, t, nullptr); });
   EXPECT_NE(s.message().find("2 rank(s) on this machine: "), std::string::npos) << s.message();
@@ -514,7 +521,8 @@ TEST(TrainTest, BadOptionsAreRejected) {
     v.model.vocab_size = 1 << 16;
     v.steps = 1;
     const ModelConfig& w = v.model;
-    const double held = 16.0 * double(ParameterCount(w)) + 4.0 * double(v.tokens_per_rank) * w.num_layers * kept(w) +
+    const double held = 16.0 * double(ParameterCount(w)) +
+                        4.0 * double(v.tokens_per_rank) * (w.num_layers * kept(w) + outside(w)) +
                         4.0 * double(ModelPass::kDefaultMaxLogitFloats);
     v.memory_bytes = 2 * held * (1 - 1e-9);
     s = RunLocal(2, [&](Comm& comm) { return Train(comm, v, nullptr); });
@@ -531,7 +539,7 @@ TEST(TrainTest, BadOptionsAreRejected) {
     l.data.batches.clear();
     l.data.spec = "synthetic:" + std::string(DISTCA_SOURCE_DIR) + "/data/doc-lengths-pretrain.json";
     l.load_dir = testing::ScratchDir("no-such-checkpoint");
-    const double act = 4.0 * double(l.tokens_per_rank) * (m.num_layers * kept(m) + m.vocab_size);
+    const double act = 4.0 * double(l.tokens_per_rank) * (m.num_layers * kept(m) + outside(m) + m.vocab_size);
     const double loading = double(kLoadBytesPerParameter) * double(ParameterCount(m));
     ASSERT_GT(loading, act);
     l.memory_bytes = 2 * (state + loading) * (1 - 1e-9);
