@@ -452,6 +452,18 @@ TEST(PlannerTest, PaperListsAnUnsplitItemAsOneTask) {
 // long documents cut in parts; mixes), ranks, dedicated servers, blocks,
 // tolerances and both cost models, on ranks in order and renamed, the two
 // give the same plan, task for task, and the same loads.
+// Two plans of one layout are the same: task for task, and load for load.
+void ExpectSamePlan(const Plan& got, const std::vector<double>& got_loads, const Plan& want,
+                    const std::vector<double>& want_loads, int iter) {
+  ASSERT_EQ(got.tasks.size(), want.tasks.size()) << "case " << iter;
+  for (size_t t = 0; t < want.tasks.size(); ++t) {
+    const PlanTask &a = got.tasks[t], &b = want.tasks[t];
+    ASSERT_TRUE(a.doc == b.doc && a.q_begin == b.q_begin && a.q_end == b.q_end && a.server == b.server)
+        << "case " << iter << ", task " << t;
+  }
+  EXPECT_EQ(got_loads, want_loads) << "case " << iter;
+}
+
 TEST(PlannerTest, PaperIndexedReadMatchesThePublishedFullScan) {
   CostModel table;
   ASSERT_TRUE(CostModel::FromTableCsv("q_len,kv_len,seconds\n128,128,1\n128,4096,9\n4096,4096,40\n", &table).ok());
@@ -492,13 +504,7 @@ TEST(PlannerTest, PaperIndexedReadMatchesThePublishedFullScan) {
       Plan other = layout;
       std::vector<double> other_loads;
       ASSERT_TRUE(plan::PlanPaper(cost, eps, scan, &other, &other_loads).ok());
-      ASSERT_EQ(other.tasks.size(), full.tasks.size()) << "case " << iter;
-      for (size_t t = 0; t < full.tasks.size(); ++t) {
-        const PlanTask &a = other.tasks[t], &b = full.tasks[t];
-        ASSERT_TRUE(a.doc == b.doc && a.q_begin == b.q_begin && a.q_end == b.q_end && a.server == b.server)
-            << "case " << iter << ", task " << t;
-      }
-      EXPECT_EQ(other_loads, full_loads) << "case " << iter;
+      ASSERT_NO_FATAL_FAILURE(ExpectSamePlan(other, other_loads, full, full_loads, iter));
     }
     // Count the cases that moved work, and those that cut an item.
     moved += full.tasks.size() != layout.tasks.size() ||
@@ -534,13 +540,7 @@ TEST(PlannerTest, DistcaIndexedRelocationMatchesTheFullRead) {
     std::vector<double> scan_loads, indexed_loads;
     ASSERT_TRUE(plan::PlanDistca(cost, eps, plan::DistcaRead::kScan, &scan, &scan_loads).ok());
     ASSERT_TRUE(plan::PlanDistca(cost, eps, plan::DistcaRead::kAuto, &indexed, &indexed_loads).ok());
-    ASSERT_EQ(indexed.tasks.size(), scan.tasks.size()) << "case " << iter;
-    for (size_t t = 0; t < scan.tasks.size(); ++t) {
-      const PlanTask &a = indexed.tasks[t], &b = scan.tasks[t];
-      ASSERT_TRUE(a.doc == b.doc && a.q_begin == b.q_begin && a.q_end == b.q_end && a.server == b.server)
-          << "case " << iter << ", task " << t;
-    }
-    EXPECT_EQ(indexed_loads, scan_loads) << "case " << iter;
+    ASSERT_NO_FATAL_FAILURE(ExpectSamePlan(indexed, indexed_loads, scan, scan_loads, iter));
     std::vector<std::set<int>> servers(docs.size());
     for (const PlanTask& t : scan.tasks) servers[t.doc].insert(t.server);
     wide += std::any_of(servers.begin(), servers.end(), [](const std::set<int>& s) { return s.size() > 16; });
