@@ -150,6 +150,12 @@ Status CheckOptions(const Comm& comm, const TrainOptions& o) {
         fmt::format("--servers {} leaves no rank for the model: the job has {} ranks", o.servers, comm.size()));
   if (o.attention == AttentionMode::kColocated && o.servers > 0)
     return Status::InvalidArgument("--servers needs --attention cad");
+  // A colocated plan keeps every rank's attention at home: the servers
+  // would hold no tokens and do no work (balance 2.000, exit 0).
+  if (o.policy == PlanPolicy::kColocated && o.servers > 0)
+    return Status::InvalidArgument(
+        "--servers with --policy colocated: a colocated plan gives dedicated servers no work (use --policy distca or "
+        "paper)");
   if (o.data.docs_file.empty() && o.data.batches.empty() && o.tokens_per_rank <= 0)
     return Status::InvalidArgument("--tokens-per-rank is required (and positive) unless --docs-file gives the batches");
   if (o.tokens_per_rank > 0 && o.tokens_per_rank < o.block)

@@ -466,6 +466,11 @@ TEST(TrainTest, BadOptionsAreRejected) {
   t.servers = 2;
   s = RunLocal(2, [&](Comm& comm) { return Train(comm, t, nullptr); });
   EXPECT_NE(s.message().find("--servers 2 leaves no rank for the model"), std::string::npos) << s.message();
+  t = TinyTrainOptions(2);
+  t.servers = 1;
+  t.policy = PlanPolicy::kColocated;  // would leave the server idle
+  s = RunLocal(3, [&](Comm& comm) { return Train(comm, t, nullptr); });
+  EXPECT_NE(s.message().find("a colocated plan gives dedicated servers no work"), std::string::npos) << s.message();
   // Rates and optimizer settings that could only write non-finite weights.
   const float inf = std::numeric_limits<float>::infinity();
   for (const auto& [set, message] : std::vector<std::pair<std::function<void(TrainOptions*)>, std::string>>{
