@@ -387,7 +387,7 @@ Status LoadCheckpoint(const std::string& dir, Transformer* model, AdamW* optimiz
     DISTCA_RETURN_IF_ERROR(ReadCount(s, "warmup_steps", where, &st.schedule.warmup_steps));
     DISTCA_RETURN_IF_ERROR(ReadCount(s, "decay_steps", where, &st.schedule.decay_steps));
   } catch (const json::exception& e) {
-    return Status::InvalidArgument(fmt::format("{}/state.json is malformed: {}", where, e.what()));
+    return Status::InvalidArgument(fmt::format("{}/state.json is malformed: {}", where, JsonExceptionWhy(e)));
   }
   // The trainer steps the optimizer once per step: its bias correction
   // counts the same steps.
