@@ -14,6 +14,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "common/excerpt.h"
 #include "common/file_util.h"
 #include "common/json_text.h"
 #include "distca/train.h"
@@ -367,9 +368,17 @@ Status LoadCheckpoint(const std::string& dir, Transformer* model, AdamW* optimiz
   try {
     if (!j.is_object() || j.value("format", "") != kFormat)
       return Status::InvalidArgument(fmt::format("{}/state.json: format is not '{}'", where, kFormat));
-    if (j.at("model") != ConfigJson(model->config()))
-      return Status::InvalidArgument(fmt::format("{} was written for model {}, but this run's model is {}", where,
-                                                 j.at("model").dump(), ConfigJson(model->config()).dump()));
+    if (const json mine = ConfigJson(model->config()); j.at("model") != mine) {
+      // Name the fields that differ first: the objects are long.
+      std::string differ;
+      const json& theirs = j.at("model");
+      for (const auto& [key, value] : mine.items())
+        if (!theirs.is_object() || !theirs.contains(key) || theirs[key] != value)
+          differ += fmt::format("{}{} {} here, {} there", differ.empty() ? "" : "; ", key, value.dump(),
+                                theirs.is_object() && theirs.contains(key) ? theirs[key].dump() : "none");
+      return Status::InvalidArgument(fmt::format("{} was written for another model: {}", where,
+                                                 differ.empty() ? "model " + Excerpt(theirs.dump(), 300) : differ));
+    }
     DISTCA_RETURN_IF_ERROR(ReadCount(j, "step", where, &st.step));
     DISTCA_RETURN_IF_ERROR(ReadCount(j, "seed", where, &st.seed));
     DISTCA_RETURN_IF_ERROR(ReadCount(j, "optimizer_step", where, &optimizer_step));
