@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/cli_checks.h"
+#include "common/file_util.h"
 #include "common/memory_info.h"
 #include "distca/dataset.h"
 
@@ -39,15 +40,8 @@ int Run(int argc, char** argv) {
   const std::filesystem::path prefix(output);
   if (output.empty() || !prefix.has_filename() || prefix.filename() == "." || prefix.filename() == "..")
     return Fail(fmt::format("--output '{}' names no file: give a prefix such as DIR/corpus", output));
-  std::error_code ec, out_ec;
-  const std::filesystem::path in = std::filesystem::weakly_canonical(input, ec);
-  const std::filesystem::path out_dir =
-      std::filesystem::weakly_canonical(std::filesystem::absolute(prefix).parent_path(), out_ec);
-  if (!ec && !out_ec) {
-    const auto [in_end, out_it] = std::mismatch(in.begin(), in.end(), out_dir.begin(), out_dir.end());
-    if (in_end == in.end())
-      return Fail(fmt::format("--output '{}' is inside --input '{}': its files would become documents", output, input));
-  }
+  if (distca::IsSameOrInside(std::filesystem::absolute(prefix).parent_path().string(), input))
+    return Fail(fmt::format("--output '{}' is inside --input '{}': its files would become documents", output, input));
 
   std::unique_ptr<distca::DocumentSource> source;
   distca::Status s = distca::OpenTextDirectory(input, glob, &source);

@@ -6,7 +6,6 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
-#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -45,19 +44,6 @@ struct Args {
   distca::TrainOptions train;
 };
 
-// Whether `path` names `other`, or lies under the directory `other` (with
-// under): compared as files where both exist, else by their canonical form.
-bool SamePlace(const std::string& path, const std::string& other, bool under) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (!under && fs::equivalent(path, other, ec) && !ec) return true;
-  const fs::path p = fs::weakly_canonical(path, ec), o = fs::weakly_canonical(other, ec);
-  if (ec) return false;
-  if (!under) return p == o;
-  const auto [o_end, p_at] = std::mismatch(o.begin(), o.end(), p.begin(), p.end());
-  return o_end == o.end() || (std::next(o_end) == o.end() && o_end->empty());
-}
-
 // Why the outputs (--trace, --json-log) would overwrite an input or each
 // other ("" when they would not): the run read its inputs first and
 // finished with exit 0, leaving a docs file replaced by a trace, or a
@@ -66,7 +52,7 @@ std::string OutputClash(const Args& a, const distca::TrainOptions& t) {
   std::vector<std::pair<std::string, std::string>> outputs;  // (flag, path)
   if (!a.trace_file.empty()) outputs.emplace_back("--trace", a.trace_file);
   if (!a.json_log.empty()) outputs.emplace_back("--json-log", a.json_log);
-  if (outputs.size() == 2 && SamePlace(a.trace_file, a.json_log, false)) return "--trace and --json-log name one file";
+  if (outputs.size() == 2 && distca::SameFile(a.trace_file, a.json_log)) return "--trace and --json-log name one file";
   std::vector<std::pair<std::string, std::string>> files, dirs;  // (what, path)
   if (!a.docs_file.empty()) files.emplace_back("the --docs-file", a.docs_file);
   const auto spec = [&](const char* kind) {
@@ -80,14 +66,14 @@ std::string OutputClash(const Args& a, const distca::TrainOptions& t) {
   if (const std::string d = spec("text:"); !d.empty()) dirs.emplace_back("the --data corpus", d);
   for (const auto& [flag, out] : outputs) {
     for (const auto& [what, in] : files)
-      if (SamePlace(out, in, false)) return fmt::format("{} {} would overwrite {}", flag, out, what);
+      if (distca::SameFile(out, in)) return fmt::format("{} {} would overwrite {}", flag, out, what);
     for (const auto& [what, in] : dirs)
-      if (SamePlace(out, in, true)) return fmt::format("{} {} would write into {} ({})", flag, out, what, in);
+      if (distca::IsSameOrInside(out, in)) return fmt::format("{} {} would write into {} ({})", flag, out, what, in);
     // A checkpoint's own files, in the directory resumed from or saved to.
     const std::string name = std::filesystem::path(out).filename().string();
     if (name == "state.json" || name == "model.safetensors" || name == "optimizer.safetensors" || name == "latest")
       for (const std::string& dir : {t.load_dir, t.save_dir})
-        if (!dir.empty() && SamePlace(out, dir, true))
+        if (!dir.empty() && distca::IsSameOrInside(out, dir))
           return fmt::format("{} {} would overwrite a checkpoint file in {}", flag, out, dir);
   }
   return "";

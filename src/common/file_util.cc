@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -54,6 +55,38 @@ Status ReadTextFile(const std::string& path, std::string* contents, size_t strea
   ::close(fd);
   *contents = std::move(out);
   return Status::Ok();
+}
+
+Status ReadTextFileAtMost(const std::string& path, std::string* contents, uint64_t max_bytes, std::string_view what) {
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(path, ec)) {
+    const uintmax_t size = std::filesystem::file_size(path, ec);
+    if (!ec && size > max_bytes)
+      return Status::InvalidArgument(path + ": " + std::to_string(size) + " bytes, more than the " +
+                                     std::to_string(max_bytes) + " bytes " + std::string(what) + " can take");
+  }
+  return ReadTextFile(path, contents, static_cast<size_t>(std::min<uint64_t>(max_bytes, kMaxStreamReadBytes)));
+}
+
+bool SameFile(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  if (std::filesystem::equivalent(a, b, ec) && !ec) return true;
+  const std::filesystem::path pa = std::filesystem::weakly_canonical(a, ec);
+  if (ec) return false;
+  const std::filesystem::path pb = std::filesystem::weakly_canonical(b, ec);
+  return !ec && pa == pb;
+}
+
+bool IsSameOrInside(const std::string& path, const std::string& dir) {
+  std::error_code ec;
+  const std::filesystem::path p = std::filesystem::weakly_canonical(path, ec);
+  if (ec) return false;
+  const std::filesystem::path d = std::filesystem::weakly_canonical(dir, ec);
+  if (ec) return false;
+  // (A path that does not exist keeps a trailing separator as an empty last
+  // element.)
+  const auto d_end = std::mismatch(d.begin(), d.end(), p.begin(), p.end()).first;
+  return d_end == d.end() || (std::next(d_end) == d.end() && d_end->empty());
 }
 
 namespace {

@@ -1,6 +1,7 @@
 // Whole-file reads and writes with Status errors.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -13,6 +14,10 @@ namespace distca {
 // /dev/zero would otherwise fill memory.
 inline constexpr size_t kMaxStreamReadBytes = size_t{1} << 30;
 Status ReadTextFile(const std::string& path, std::string* contents, size_t stream_limit = kMaxStreamReadBytes);
+// ReadTextFile for a file of at most max_bytes: a larger regular file is
+// refused before it is read ("PATH: N bytes, more than the MAX bytes WHAT
+// can take"), a stream once it passes max_bytes.
+Status ReadTextFileAtMost(const std::string& path, std::string* contents, uint64_t max_bytes, std::string_view what);
 // Writes a whole file: to path + ".tmp", renamed over `path` once complete
 // (a failed write leaves the old file, and no .tmp). A device, a pipe or a
 // symbolic link is written as it is, and so is a file where no temporary can
@@ -40,6 +45,12 @@ Status CheckOutputPath(const std::string& path);
 // virtual file systems). Creates nothing that stays. `what` names the
 // directory in messages ("checkpoint directory").
 Status CheckOutputDirectory(const std::string& dir, std::string_view what);
+// Whether two paths name one file: the same file where both exist, else
+// the same canonical path.
+bool SameFile(const std::string& a, const std::string& b);
+// Whether `path` is the directory `dir` or lies under it (canonical paths;
+// false when either cannot be resolved).
+bool IsSameOrInside(const std::string& path, const std::string& dir);
 // fsync on a directory, so that renames inside it are durable.
 Status SyncDirectory(const std::string& dir);
 

@@ -148,25 +148,12 @@ Status WriteSafetensors(const std::string& path, const std::vector<NamedTensor>&
   return WriteFileAtomic(path, bytes);
 }
 
-// A checkpoint file larger than `max_bytes` is refused before it is read (a
-// 20 GB model file, or /dev/zero, would otherwise be read whole into memory
-// only to be found wrong).
-Status CheckFileAtMost(const std::string& path, uint64_t max_bytes, const char* holds) {
-  std::error_code ec;
-  if (!fs::is_regular_file(path, ec)) return Status::Ok();  // ReadTextFile's stream limit applies
-  const uintmax_t size = fs::file_size(path, ec);
-  if (!ec && size > max_bytes)
-    return Status::InvalidArgument(
-        fmt::format("{}: {} bytes, more than the {} bytes {} can take", path, size, max_bytes, holds));
-  return Status::Ok();
-}
-
 Status ReadSafetensors(const std::string& path, SafetensorsFile* file, uint64_t max_data_bytes) {
+  // A file larger than the header and the model's tensors (a 20 GB one, or
+  // /dev/zero) is refused before it is read whole into memory.
   const uint64_t max_bytes = 8 + kMaxHeaderBytes + std::min(max_data_bytes, uint64_t{1} << 62);
-  DISTCA_RETURN_IF_ERROR(CheckFileAtMost(path, max_bytes, "a header and this model's tensors"));
   std::string bytes;
-  DISTCA_RETURN_IF_ERROR(
-      ReadTextFile(path, &bytes, static_cast<size_t>(std::min<uint64_t>(max_bytes, kMaxStreamReadBytes))));
+  DISTCA_RETURN_IF_ERROR(ReadTextFileAtMost(path, &bytes, max_bytes, "a header and this model's tensors"));
   if (bytes.size() < 8) return Status::InvalidArgument(path + ": too short for a safetensors header");
   uint64_t head_size = 0;
   std::memcpy(&head_size, bytes.data(), 8);
@@ -358,9 +345,7 @@ Status LoadCheckpoint(const std::string& dir, Transformer* model, AdamW* optimiz
   std::string text;
   // A state file is a few hundred bytes.
   constexpr uint64_t kMaxStateBytes = 1 << 20;
-  const std::string state_path = (ckpt / "state.json").string();
-  DISTCA_RETURN_IF_ERROR(CheckFileAtMost(state_path, kMaxStateBytes, "a state file"));
-  DISTCA_RETURN_IF_ERROR(ReadTextFile(state_path, &text, kMaxStateBytes));
+  DISTCA_RETURN_IF_ERROR(ReadTextFileAtMost((ckpt / "state.json").string(), &text, kMaxStateBytes, "a state file"));
   json j;
   TrainState st;
   int64_t optimizer_step = 0;

@@ -45,6 +45,30 @@ TEST(FileUtilTest, ReadTextFileReadsAndReportsFailures) {
   std::filesystem::remove_all(dir);
 }
 
+// A size limit that holds for regular files too, and path comparisons.
+TEST(FileUtilTest, ReadAtMostAndPathsCompared) {
+  const std::filesystem::path dir =
+      std::filesystem::path(::testing::TempDir()) / ("distca_file_paths_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir / "sub");
+  const std::string a = (dir / "a.txt").string();
+  ASSERT_TRUE(WriteTextFile(a, "0123456789").ok());
+  std::string got;
+  ASSERT_TRUE(ReadTextFileAtMost(a, &got, 10, "a test").ok());
+  EXPECT_EQ(got, "0123456789");
+  const Status big = ReadTextFileAtMost(a, &got, 9, "a test");
+  EXPECT_EQ(big.message(), a + ": 10 bytes, more than the 9 bytes a test can take") << big.ToString();
+  EXPECT_EQ(ReadTextFileAtMost("/dev/zero", &got, 1 << 20, "a test").code(), StatusCode::kOutOfRange);
+  EXPECT_TRUE(SameFile(a, (dir / "sub" / ".." / "a.txt").string()));
+  EXPECT_TRUE(SameFile((dir / "new.txt").string(), (dir / "." / "new.txt").string()));  // neither exists
+  EXPECT_FALSE(SameFile(a, (dir / "new.txt").string()));
+  EXPECT_TRUE(IsSameOrInside((dir / "sub" / "x" / "y").string(), dir.string()));
+  EXPECT_TRUE(IsSameOrInside(dir.string(), (dir / "sub" / "..").string()));
+  EXPECT_FALSE(IsSameOrInside(dir.string(), (dir / "sub").string()));
+  EXPECT_FALSE(IsSameOrInside((dir.string() + "-other/x"), dir.string()));
+  std::filesystem::remove_all(dir);
+}
+
 // A write that fails half way (here: past the file-size limit) leaves the
 // old file whole and no temporary; a device is written in place.
 TEST(FileUtilTest, AFailedWriteLeavesTheOldFile) {
