@@ -9,7 +9,6 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -70,8 +69,7 @@ std::string OutputClash(const Args& a, const distca::TrainOptions& t) {
     for (const auto& [what, in] : dirs)
       if (distca::IsSameOrInside(out, in)) return fmt::format("{} {} would write into {} ({})", flag, out, what, in);
     // A checkpoint's own files, in the directory resumed from or saved to.
-    const std::string name = std::filesystem::path(out).filename().string();
-    if (name == "state.json" || name == "model.safetensors" || name == "optimizer.safetensors" || name == "latest")
+    if (distca::IsCheckpointFile(out))
       for (const std::string& dir : {t.load_dir, t.save_dir})
         if (!dir.empty() && distca::IsSameOrInside(out, dir))
           return fmt::format("{} {} would overwrite a checkpoint file in {}", flag, out, dir);

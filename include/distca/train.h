@@ -125,6 +125,9 @@ Status SaveCheckpoint(const std::string& dir, const Transformer& model, const Ad
 // the directory can be created or written, and nothing blocks the 'latest'
 // file it replaces (a directory by that name, or by its staging name).
 Status CheckCheckpointDirectory(const std::string& dir);
+// Whether `path`'s file name is one a checkpoint directory holds (its step
+// directories' files, or `latest`).
+bool IsCheckpointFile(const std::string& path);
 // Loads DIR's latest checkpoint (or DIR itself when it holds state.json).
 // Fails without touching model/optimizer when the files are missing, corrupt
 // or were written for a different model shape. Beyond the model and the

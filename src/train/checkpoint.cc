@@ -26,6 +26,10 @@ namespace fs = std::filesystem;
 
 // The file in a checkpoint directory that names its newest step directory.
 constexpr const char* kLatestFile = "latest";
+// A step directory's files.
+constexpr const char* kStateFile = "state.json";
+constexpr const char* kModelFile = "model.safetensors";
+constexpr const char* kOptimizerFile = "optimizer.safetensors";
 using nlohmann::json;
 
 static_assert(std::endian::native == std::endian::little, "safetensors data is little-endian");
@@ -259,12 +263,12 @@ Status SaveCheckpoint(const std::string& dir, const Transformer& model, const Ad
 
   const std::vector<ParamTensor>& layout = model.tensors();
   const std::string step = std::to_string(state.step);
-  DISTCA_RETURN_IF_ERROR(WriteSafetensors((tmp / "model.safetensors").string(), Tensors(layout, model.params(), ""),
+  DISTCA_RETURN_IF_ERROR(WriteSafetensors((tmp / kModelFile).string(), Tensors(layout, model.params(), ""),
                                           {{"format", kFormat}, {"step", step}}));
   std::vector<NamedTensor> moments = Tensors(layout, optimizer.m().data(), "m.");
   for (NamedTensor& t : Tensors(layout, optimizer.v().data(), "v.")) moments.push_back(t);
   DISTCA_RETURN_IF_ERROR(
-      WriteSafetensors((tmp / "optimizer.safetensors").string(), moments, {{"format", kFormat}, {"step", step}}));
+      WriteSafetensors((tmp / kOptimizerFile).string(), moments, {{"format", kFormat}, {"step", step}}));
   const json j = {{"format", kFormat},
                   {"step", state.step},
                   {"seed", state.seed},
@@ -281,7 +285,7 @@ Status SaveCheckpoint(const std::string& dir, const Transformer& model, const Ad
                     {"decay_steps", state.schedule.decay_steps}}},
                   {"model", ConfigJson(model.config())},
                   {"parameters", model.size()}};
-  DISTCA_RETURN_IF_ERROR(WriteFileAtomic((tmp / "state.json").string(), j.dump(2) + "\n"));
+  DISTCA_RETURN_IF_ERROR(WriteFileAtomic((tmp / kStateFile).string(), j.dump(2) + "\n"));
   DISTCA_RETURN_IF_ERROR(SyncDirectory(tmp.string()));
   // A step saved again (a rerun into the same directory) swaps the new
   // directory in atomically, so that a crash leaves the old one or the new
@@ -304,6 +308,11 @@ Status SaveCheckpoint(const std::string& dir, const Transformer& model, const Ad
   return WriteFileAtomic((fs::path(dir) / kLatestFile).string(), name + "\n");
 }
 
+bool IsCheckpointFile(const std::string& path) {
+  const std::string name = fs::path(path).filename().string();
+  return name == kStateFile || name == kModelFile || name == kOptimizerFile || name == kLatestFile;
+}
+
 Status CheckCheckpointDirectory(const std::string& dir) {
   DISTCA_RETURN_IF_ERROR(CheckOutputDirectory(dir, "checkpoint directory"));
   const std::string latest = (fs::path(dir) / kLatestFile).string();
@@ -319,7 +328,7 @@ Status LoadCheckpoint(const std::string& dir, Transformer* model, AdamW* optimiz
   fs::path ckpt = dir;
   std::error_code ec;
   if (!fs::is_directory(ckpt, ec)) return Status::InvalidArgument(fmt::format("--load {}: no such directory", dir));
-  if (!fs::exists(ckpt / "state.json")) {
+  if (!fs::exists(ckpt / kStateFile)) {
     // `latest` names one step directory on one short line ("step-00000002"
     // and a newline, as SaveCheckpoint writes it): a larger file is not read.
     constexpr size_t kMaxLatestBytes = 4096;
@@ -345,7 +354,7 @@ Status LoadCheckpoint(const std::string& dir, Transformer* model, AdamW* optimiz
   std::string text;
   // A state file is a few hundred bytes.
   constexpr uint64_t kMaxStateBytes = 1 << 20;
-  DISTCA_RETURN_IF_ERROR(ReadTextFileAtMost((ckpt / "state.json").string(), &text, kMaxStateBytes, "a state file"));
+  DISTCA_RETURN_IF_ERROR(ReadTextFileAtMost((ckpt / kStateFile).string(), &text, kMaxStateBytes, "a state file"));
   json j;
   TrainState st;
   int64_t optimizer_step = 0;
@@ -404,10 +413,10 @@ Status LoadCheckpoint(const std::string& dir, Transformer* model, AdamW* optimiz
   SafetensorsFile moments, weights;
   const std::string moments_path = where + "/optimizer.safetensors", weights_path = where + "/model.safetensors";
   const uint64_t tensor_bytes = uint64_t(model->size()) * sizeof(float);
-  DISTCA_RETURN_IF_ERROR(ReadSafetensors((ckpt / "optimizer.safetensors").string(), &moments, 2 * tensor_bytes));
+  DISTCA_RETURN_IF_ERROR(ReadSafetensors((ckpt / kOptimizerFile).string(), &moments, 2 * tensor_bytes));
   DISTCA_RETURN_IF_ERROR(CheckTensors(moments, layout, {"m.", "v."}, st.step, moments_path));
   DISTCA_RETURN_IF_ERROR(CheckTensorValues(moments, moments_path));
-  DISTCA_RETURN_IF_ERROR(ReadSafetensors((ckpt / "model.safetensors").string(), &weights, tensor_bytes));
+  DISTCA_RETURN_IF_ERROR(ReadSafetensors((ckpt / kModelFile).string(), &weights, tensor_bytes));
   DISTCA_RETURN_IF_ERROR(CheckTensors(weights, layout, {""}, st.step, weights_path));
   DISTCA_RETURN_IF_ERROR(CheckTensorValues(weights, weights_path));
   CopyTensors(weights, layout, "", model->params());
