@@ -45,6 +45,12 @@ Status ReadTextFile(const std::string& path, std::string* contents, size_t strea
       ::close(fd);
       return Status::IoError("error while reading '" + path + "': " + std::strerror(err));
     }
+    // A stream may never end (/dev/zero, /dev/urandom): a NUL byte, which no
+    // text holds, refuses it at once rather than after stream_limit bytes.
+    if (!regular && std::memchr(buf, 0, static_cast<size_t>(n)) != nullptr) {
+      ::close(fd);
+      return Status::InvalidArgument("'" + path + "' is not a regular file and gives a NUL byte: not a text file");
+    }
     out.append(buf, static_cast<size_t>(n));
     if (!regular && out.size() > stream_limit) {
       ::close(fd);

@@ -135,6 +135,10 @@ LrSchedule ScheduleOf(const TrainOptions& o) { return {o.lr, o.min_lr, o.warmup_
 
 Status CheckOptions(const Comm& comm, const TrainOptions& o) {
   DISTCA_RETURN_IF_ERROR(ValidateModelConfig(o.model));
+  // One token id leaves nothing to predict: every loss and gradient is 0.
+  if (o.model.vocab_size < 2)
+    return Status::InvalidArgument(fmt::format(
+        "--vocab-size must be >= 2, got {}: a one-token vocabulary has nothing to predict", o.model.vocab_size));
   if (o.steps < 1) return Status::InvalidArgument(fmt::format("--steps must be >= 1, got {}", o.steps));
   if (o.threads < 1 || o.threads > kMaxThreads)
     return Status::InvalidArgument(fmt::format("--threads must be in [1, {}], got {}", kMaxThreads, o.threads));

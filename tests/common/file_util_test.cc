@@ -9,6 +9,7 @@
 
 #include <filesystem>
 #include <string>
+#include <thread>
 
 namespace distca {
 namespace {
@@ -35,11 +36,28 @@ TEST(FileUtilTest, ReadTextFileReadsAndReportsFailures) {
   EXPECT_EQ(absent.code(), StatusCode::kIoError);
   EXPECT_NE(absent.message().find("cannot open '" + missing + "': No such file or directory"), std::string::npos)
       << absent.ToString();
-  // An endless stream stops at the limit instead of filling memory; a
-  // regular file is not limited.
-  const Status endless = ReadTextFile("/dev/zero", &got, 1 << 20);
+  // A stream of text stops at the limit instead of filling memory (a pipe
+  // fed 2 MiB of 'x', read through its /dev/fd path); a stream giving a NUL
+  // byte is refused at once; a regular file is not limited.
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const auto old_sigpipe = std::signal(SIGPIPE, SIG_IGN);  // the writer outlives the read
+  std::thread writer([fd = fds[1]] {
+    const std::string chunk(1 << 16, 'x');
+    for (int i = 0; i < 32 && ::write(fd, chunk.data(), chunk.size()) > 0; ++i) {
+    }
+    ::close(fd);
+  });
+  const Status endless = ReadTextFile("/dev/fd/" + std::to_string(fds[0]), &got, 1 << 20);
+  ::close(fds[0]);
+  writer.join();
+  std::signal(SIGPIPE, old_sigpipe);
   EXPECT_EQ(endless.code(), StatusCode::kOutOfRange) << endless.ToString();
-  EXPECT_NE(endless.message().find("is not a regular file and gives more than 1048576 bytes"), std::string::npos);
+  EXPECT_NE(endless.message().find("is not a regular file and gives more than 1048576 bytes"), std::string::npos)
+      << endless.ToString();
+  const Status zeros = ReadTextFile("/dev/zero", &got);
+  EXPECT_EQ(zeros.code(), StatusCode::kInvalidArgument) << zeros.ToString();
+  EXPECT_EQ(zeros.message(), "'/dev/zero' is not a regular file and gives a NUL byte: not a text file");
   ASSERT_TRUE(ReadTextFile((dir / "a.txt").string(), &got, 16).ok());
   EXPECT_EQ(got.size(), text.size() + 3);
   std::filesystem::remove_all(dir);
@@ -58,7 +76,8 @@ TEST(FileUtilTest, ReadAtMostAndPathsCompared) {
   EXPECT_EQ(got, "0123456789");
   const Status big = ReadTextFileAtMost(a, &got, 9, "a test");
   EXPECT_EQ(big.message(), a + ": 10 bytes, more than the 9 bytes a test can take") << big.ToString();
-  EXPECT_EQ(ReadTextFileAtMost("/dev/zero", &got, 1 << 20, "a test").code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(ReadTextFileAtMost("/dev/zero", &got, 1 << 20, "a test").code(),
+            StatusCode::kInvalidArgument);  // a NUL byte
   EXPECT_TRUE(SameFile(a, (dir / "sub" / ".." / "a.txt").string()));
   EXPECT_TRUE(SameFile((dir / "new.txt").string(), (dir / "." / "new.txt").string()));  // neither exists
   EXPECT_FALSE(SameFile(a, (dir / "new.txt").string()));

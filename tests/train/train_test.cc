@@ -463,6 +463,10 @@ TEST(TrainTest, BadOptionsAreRejected) {
   s = RunLocal(2, [&](Comm& comm) { return Train(comm, t, nullptr); });
   EXPECT_NE(s.message().find("must be >= 0"), std::string::npos) << s.message();
   t = TinyTrainOptions(2);
+  t.model.vocab_size = 1;
+  s = RunLocal(2, [&](Comm& comm) { return Train(comm, t, nullptr); });
+  EXPECT_NE(s.message().find("--vocab-size must be >= 2, got 1"), std::string::npos) << s.message();
+  t = TinyTrainOptions(2);
   t.servers = 2;
   s = RunLocal(2, [&](Comm& comm) { return Train(comm, t, nullptr); });
   EXPECT_NE(s.message().find("--servers 2 leaves no rank for the model"), std::string::npos) << s.message();
