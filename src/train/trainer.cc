@@ -215,38 +215,54 @@ Status CheckBatch(const std::vector<int64_t>& lengths, const TrainOptions& o, in
 
 // A run that cannot fit is refused before it allocates, rather than left to
 // the OOM killer. Per rank, at least: fp32 weights, gradients and AdamW's two
-// moments (16 bytes per parameter), and the activations the backward pass
-// needs, (5h + 2 Hq D + 2 Hkv D + 2 ffn + Hq + 2) floats per token and layer (what
-// ModelPass keeps: the layer input, attention norm output, attention output
-// and mid-layer residual, the MLP norm output, gate and up, and both norms'
-// reciprocal RMS; what the executor keeps: Q, K, V, O and the LSE; the
-// SwiGLU output is recomputed), plus (3h + D + (Hq + 2 Hkv) D + 4 ffn) floats
-// per token outside the layers (ModelPass's last output, the residual's
-// gradient and the rotary tables per nano-batch, and its scratch for the
-// projections, the MLP and their gradients, sized for the largest
-// nano-batch: counted here at all the rank's tokens; without these the
-// estimate was 1.3-1.75x below the measured peak), plus one chunk of logits
-// (ModelPass computes the LM head in chunks of at most
-// kDefaultMaxLogitFloats floats, or one row), or, where a checkpoint is loaded before
-// the first step allocates them, the larger of those and what loading holds
-// (kLoadBytesPerParameter); times the ranks that share this machine
-// (Comm::machine_ranks: all of them with the local backend, the node's under
-// MPI); plus, with a save directory, what rank 0's save builds while the
-// step's buffers are held (kSaveBytesPerParameter, once). Containers' limits
-// are not seen; set memory_bytes.
+// moments (16 bytes per parameter), and the activations and buffers the
+// backward pass holds at its start, in floats:
+// - per token and layer, (5h + 2 Hq D + 2 Hkv D + 2 ffn + Hq + 2): what
+//   ModelPass keeps (the layer input, attention norm output, attention output
+//   and mid-layer residual, the MLP norm output, gate and up, and both norms'
+//   reciprocal RMS) and what the executor keeps (Q, K, V, O and the LSE; the
+//   SwiGLU output is recomputed); in the cached backward also the server's
+//   copies of Q, K, V and the LSE, (Hq D + 2 Hkv D + Hq);
+// - per token, (2h + D + 2 Hq D + 2 Hkv D): ModelPass's last output, the
+//   residual's gradient and the rotary tables, and the executor's dO, dQ, dK
+//   and dV;
+// - per row of the largest nano-batch (half the rank's tokens with CAD's
+//   ping-pong, else all of them), (h + (Hq + 2 Hkv) D + 4 ffn): ModelPass's
+//   scratch for the projections, the MLP and their gradients; and the
+//   attention server's working set for one layer's backward, (3 Hq D + 4 Hkv D
+//   + 2 Hq): Q, K, V, dO, the LSE and delta, dQ, dK and dV (in the cached
+//   backward (2 Hq D + 2 Hkv D + Hq), Q, K, V and the LSE being held
+//   already); a server's rows are counted at a rank's own tokens, which they
+//   are over the ranks, and the exchanges' buffers, which depend on the
+//   plan, are left out;
+// plus one chunk of logits (ModelPass computes the LM head in chunks of at
+// most kDefaultMaxLogitFloats floats, or one row), or, where a checkpoint is
+// loaded before the first step allocates them, the larger of those and what
+// loading holds (kLoadBytesPerParameter); times the ranks that share this
+// machine (Comm::machine_ranks: all of them with the local backend, the
+// node's under MPI); plus, with a save directory, what rank 0's save builds
+// while the step's buffers are held (kSaveBytesPerParameter, once).
+// Containers' limits are not seen; set memory_bytes. Measured against the
+// peak resident size (docs/training.md), this is 2-5% below it with
+// colocated attention and 5-14% below with CAD, whose two nano-batches are
+// rarely equal halves.
 Status CheckMemory(const Comm& comm, const TrainOptions& o, int64_t tokens_per_rank) {
   const ModelConfig& m = o.model;
   const int64_t params = ParameterCount(m);
   const double state = 16.0 * double(params);
-  const double D = m.head_dim();
-  const double per_token =
-      4.0 * double(m.num_layers) *
-          (5.0 * m.hidden + 2.0 * m.q_heads * D + 2.0 * m.kv_heads * D + 2.0 * m.ffn_hidden + m.q_heads + 2.0) +
-      4.0 * (3.0 * m.hidden + D + (m.q_heads + 2.0 * m.kv_heads) * D + 4.0 * m.ffn_hidden);
+  const double h = m.hidden, D = m.head_dim(), ffn = m.ffn_hidden, Hq = m.q_heads, Hkv = m.kv_heads;
+  const bool cad = o.attention == AttentionMode::kCad;
+  const bool cached = cad && o.backward == BackwardMode::kCached;
+  const double per_token_layer =
+      5.0 * h + 2.0 * Hq * D + 2.0 * Hkv * D + 2.0 * ffn + Hq + 2.0 + (cached ? Hq * D + 2.0 * Hkv * D + Hq : 0.0);
+  const double per_token = double(m.num_layers) * per_token_layer + 2.0 * h + D + 2.0 * Hq * D + 2.0 * Hkv * D;
+  const double per_nano_row = h + (Hq + 2.0 * Hkv) * D + 4.0 * ffn +
+                              (cached ? 2.0 * Hq * D + 2.0 * Hkv * D + Hq : 3.0 * Hq * D + 4.0 * Hkv * D + 2.0 * Hq);
+  const double nano_rows = cad && o.ping_pong ? std::ceil(double(tokens_per_rank) / 2) : double(tokens_per_rank);
   const double logits = 4.0 * std::min(double(m.vocab_size) * double(tokens_per_rank),
                                        std::max(double(m.vocab_size), double(ModelPass::kDefaultMaxLogitFloats)));
   const double saving = o.save_dir.empty() ? 0.0 : double(kSaveBytesPerParameter) * double(params);
-  const double activations = per_token * double(tokens_per_rank) + logits;
+  const double activations = 4.0 * (per_token * double(tokens_per_rank) + per_nano_row * nano_rows) + logits;
   const double loading = o.load_dir.empty() ? 0.0 : double(kLoadBytesPerParameter) * double(params);
   const double transient = std::max(activations, loading);
   const int sharing = comm.machine_ranks();

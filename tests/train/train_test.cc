@@ -502,13 +502,24 @@ TEST(TrainTest, BadOptionsAreRejected) {
            c.q_heads + 2.0;
   };
   // Floats per token outside the layers: ModelPass's last output and
-  // residual gradient (2h), rotary tables (D), and its scratch: Q/K/V
-  // projections ((Hq + 2 Hkv) D), the SwiGLU output and its gradient, the
-  // gate/up gradient (4 ffn), a norm's gradient (h).
+  // residual gradient (2h), rotary tables (D); the executor's dO and dQ
+  // (2 Hq D), dK and dV (2 Hkv D).
   const auto outside = [](const ModelConfig& c) {
-    return 3.0 * c.hidden + c.head_dim() + (c.q_heads + 2.0 * c.kv_heads) * c.head_dim() + 4.0 * c.ffn_hidden;
+    return 2.0 * c.hidden + c.head_dim() + 2.0 * (c.q_heads + c.kv_heads) * c.head_dim();
   };
-  const double activations = 4.0 * double(t.tokens_per_rank) * (m.num_layers * kept(m) + outside(m) + m.vocab_size);
+  // Floats per row of the largest nano-batch (half the tokens: CAD with
+  // ping-pong): ModelPass's scratch, the Q/K/V projections ((Hq + 2 Hkv) D),
+  // the SwiGLU output and its gradient, the gate/up gradient (4 ffn), a
+  // norm's gradient (h); the attention server's stateless backward of one
+  // layer: Q, dO, dQ (3 Hq D), K, V, dK, dV (4 Hkv D), LSE and delta (2 Hq).
+  const auto per_nano_row = [](const ModelConfig& c) {
+    return c.hidden + (c.q_heads + 2.0 * c.kv_heads) * c.head_dim() + 4.0 * c.ffn_hidden +
+           (3.0 * c.q_heads + 4.0 * c.kv_heads) * c.head_dim() + 2.0 * c.q_heads;
+  };
+  const auto need_floats = [&](const ModelConfig& c, int64_t tokens) {
+    return double(tokens) * (c.num_layers * kept(c) + outside(c)) + double(tokens / 2) * per_nano_row(c);
+  };
+  const double activations = 4.0 * (need_floats(m, t.tokens_per_rank) + double(t.tokens_per_rank) * m.vocab_size);
   t.memory_bytes = 2 * (state + activations) * (1 - 1e-9);  // just below: refused
   s = RunLocal(2, [&](Comm& comm) { return Train(comm, t, nullptr); });
   EXPECT_NE(s.message().find("2 rank(s) on this machine: "), std::string::npos) << s.message();
@@ -517,6 +528,15 @@ TEST(TrainTest, BadOptionsAreRejected) {
   t.steps = 1;
   s = RunLocal(2, [&](Comm& comm) { return Train(comm, t, nullptr); });
   EXPECT_TRUE(s.ok()) << s.ToString();
+  // Colocated attention runs one nano-batch of all the tokens, and the cached
+  // backward keeps the servers' Q, K, V and LSE of every layer: both need more.
+  for (const bool colocated : {true, false}) {
+    TrainOptions c = t;
+    if (colocated) c.attention = AttentionMode::kColocated;
+    if (!colocated) c.backward = BackwardMode::kCached;
+    s = RunLocal(2, [&](Comm& comm) { return Train(comm, c, nullptr); });
+    EXPECT_NE(s.message().find("more than memory_bytes"), std::string::npos) << colocated << ": " << s.message();
+  }
   // Saving a checkpoint adds kSaveBytesPerParameter while the step's buffers are held.
   t.save_dir = testing::ScratchDir("memory-save");
   s = RunLocal(2, [&](Comm& comm) { return Train(comm, t, nullptr); });
@@ -530,8 +550,7 @@ TEST(TrainTest, BadOptionsAreRejected) {
     v.model.vocab_size = 1 << 16;
     v.steps = 1;
     const ModelConfig& w = v.model;
-    const double held = 16.0 * double(ParameterCount(w)) +
-                        4.0 * double(v.tokens_per_rank) * (w.num_layers * kept(w) + outside(w)) +
+    const double held = 16.0 * double(ParameterCount(w)) + 4.0 * need_floats(w, v.tokens_per_rank) +
                         4.0 * double(ModelPass::kDefaultMaxLogitFloats);
     v.memory_bytes = 2 * held * (1 - 1e-9);
     s = RunLocal(2, [&](Comm& comm) { return Train(comm, v, nullptr); });
@@ -548,7 +567,7 @@ TEST(TrainTest, BadOptionsAreRejected) {
     l.data.batches.clear();
     l.data.spec = "synthetic:" + std::string(DISTCA_SOURCE_DIR) + "/data/doc-lengths-pretrain.json";
     l.load_dir = testing::ScratchDir("no-such-checkpoint");
-    const double act = 4.0 * double(l.tokens_per_rank) * (m.num_layers * kept(m) + outside(m) + m.vocab_size);
+    const double act = 4.0 * (need_floats(m, l.tokens_per_rank) + double(l.tokens_per_rank) * m.vocab_size);
     const double loading = double(kLoadBytesPerParameter) * double(ParameterCount(m));
     ASSERT_GT(loading, act);
     l.memory_bytes = 2 * (state + loading) * (1 - 1e-9);
