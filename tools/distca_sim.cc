@@ -189,14 +189,28 @@ int WriteChart(const std::string& base, const std::string& csv, const std::strin
   return 0;
 }
 
-// Creates --out's directory.
-int MakeOutDir(const std::string& dir) {
+// Creates --out's directory, before the run, and checks that nothing there
+// blocks the files it will write (named in `files`).
+int MakeOutDir(const std::string& dir, std::initializer_list<std::string> files) {
+  // The chart's gnuplot script names the files: a line break (or another
+  // control character) in the path would end its string.
+  for (const char c : dir)
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f)
+      return Fail(
+          fmt::format("--out: the path holds a control character (0x{:02x}), which the chart's gnuplot "
+                      "script cannot name",
+                      static_cast<unsigned char>(c)));
   // Writable, tried now: /sys/kernel was found only when the results were
   // written, after the whole run.
   if (const Status s = distca::CheckOutputDirectory(dir, "output directory"); !s.ok()) return Fail(s.message());
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return Fail(fmt::format("cannot create '{}': {}", dir, ec.message()));
+  for (const std::string& name : files) {
+    const std::filesystem::path path = std::filesystem::path(dir) / name;
+    if (std::filesystem::is_directory(path, ec))
+      return Fail(fmt::format("cannot write '{}': a directory of that name is in the way", path.string()));
+  }
   return 0;
 }
 
@@ -210,12 +224,16 @@ int RunGrid(const Args& a, const std::vector<int64_t>& pool, const std::vector<d
   std::vector<distca::GridPoint> points;
   Status s = distca::PaperGrid(a.paper_grid, &points, a.grid_recipe);
   if (!s.ok()) return Fail(s.message());
-  if (const int rc = MakeOutDir(a.out_dir); rc != 0) return rc;
+  const std::string grid = "grid_" + a.paper_grid;
+  if (const int rc = MakeOutDir(
+          a.out_dir, {grid + ".csv", grid + ".gp", grid + ".partial.csv", "speedup_" + a.paper_grid + ".png"});
+      rc != 0)
+    return rc;
   distca::WallTimer timer;
   fmt::print("{} grid on {}, {} batches per configuration ({} packing)\n", a.paper_grid, a.sim.hardware.name, a.batches,
              a.packing);
   std::fflush(stdout);  // the lines print as the points complete, even into a file
-  const std::string base = a.out_dir + "/grid_" + a.paper_grid;
+  const std::string base = a.out_dir + "/" + grid;
   std::string csv = distca::GridCsvHeader();
   bool any_over = false;  // some strategy at some point does not fit
   size_t done = 0;        // points simulated
@@ -290,7 +308,7 @@ int RunToleranceSweep(const Args& a, const std::vector<std::vector<int64_t>>& ba
     if (IsCadStrategy(st)) cad.push_back(st);
   if (cad.empty()) return Fail("--tolerance-sweep needs distca or distca-paper among --strategies");
   if (!a.out_dir.empty())
-    if (const int rc = MakeOutDir(a.out_dir); rc != 0) return rc;
+    if (const int rc = MakeOutDir(a.out_dir, {"tolerance.csv", "tolerance.gp", "tolerance.png"}); rc != 0) return rc;
   std::string csv = distca::ToleranceCsvHeader();
   if (!a.json) {
     const SimOptions& o = a.sim;

@@ -18,10 +18,18 @@ std::string ShortModel(const std::string& preset) {
   return preset;
 }
 
-// A gnuplot string literal: single quotes, each quote inside doubled.
+// A gnuplot string literal: single quotes (double quotes would run
+// backquoted commands), each quote inside doubled. A single-quoted string
+// cannot hold a line break: control characters become spaces (a title's;
+// distca-sim refuses them in the paths it writes).
 std::string Quoted(const std::string& text) {
   std::string out = "'";
-  for (char c : text) out += c == '\'' ? std::string("''") : std::string(1, c);
+  for (char c : text) {
+    if (c == '\'')
+      out += "''";
+    else
+      out += static_cast<unsigned char>(c) < 0x20 || c == 0x7f ? ' ' : c;
+  }
   return out + "'";
 }
 
