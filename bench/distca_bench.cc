@@ -16,10 +16,7 @@
 
 namespace {
 
-int Fail(const std::string& message) {
-  std::fprintf(stderr, "distca-bench: %s\n", message.c_str());
-  return 2;
-}
+int Fail(const std::string& message) { return distca::cli::Fail("distca-bench", message); }
 
 int Run(int argc, char** argv) {
   CLI::App app{"distca benchmarks"};

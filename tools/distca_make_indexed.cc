@@ -19,10 +19,7 @@
 
 namespace {
 
-int Fail(const std::string& message) {
-  std::fprintf(stderr, "distca-make-indexed: %s\n", message.c_str());
-  return 2;
-}
+int Fail(const std::string& message) { return distca::cli::Fail("distca-make-indexed", message); }
 
 }  // namespace
 

@@ -19,10 +19,7 @@ namespace {
 
 using distca::Status;
 
-int Fail(const std::string& message) {
-  std::fprintf(stderr, "distca-plan: %s\n", message.c_str());
-  return 2;
-}
+int Fail(const std::string& message) { return distca::cli::Fail("distca-plan", message); }
 
 struct Args {
   std::string docs_file, lengths_file, emit_plan, cost_table, policy = "distca";

@@ -28,10 +28,7 @@ using distca::SimOptions;
 using distca::SimResult;
 using distca::Status;
 
-int Fail(const std::string& message) {
-  std::fprintf(stderr, "distca-sim: %s\n", message.c_str());
-  return 2;
-}
+int Fail(const std::string& message) { return distca::cli::Fail("distca-sim", message); }
 
 struct Args {
   distca::cli::ModelFlags model{"llama3-8b"};

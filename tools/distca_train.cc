@@ -28,10 +28,7 @@ namespace {
 
 using distca::Status;
 
-int Fail(const std::string& message) {
-  std::fprintf(stderr, "distca-train: %s\n", message.c_str());
-  return 2;
-}
+int Fail(const std::string& message) { return distca::cli::Fail("distca-train", message); }
 
 struct Args {
   distca::cli::ModelFlags model{"small"};

@@ -14,6 +14,8 @@
 #include <string>
 #include <utility>
 
+#include "common/excerpt.h"
+
 namespace distca::cli {
 
 // The validators' reading of a number: "" with *v set, or why it is not
@@ -112,16 +114,19 @@ inline void StrictNumbers(CLI::App* app) {
   for (CLI::App* sub : app->get_subcommands({})) StrictNumbers(sub);
 }
 
-// CLI11's "Could not convert: --gpus = 4294967296", said plainly. A whole
-// number reaches the conversion only once CheckDecimal has found it within
-// 64 bits, so what fails there is an option of 32-bit int: say its range.
-inline CLI::ParseError Reworded(const CLI::ConversionError& e) {
+// CLI11's messages said plainly. "Could not convert: --gpus = 4294967296":
+// a whole number reaches the conversion only once CheckDecimal has found it
+// within 64 bits, so what fails there is an option of 32-bit int: say its
+// range. "json was given a disallowed flag override": a flag given a value.
+inline std::string Reworded(const std::string& what) {
   static const std::regex kCouldNot(R"(Could not convert: (\S+) = (-?[0-9]+))");
+  static const std::regex kFlagValue(R"(-*(\S+) was given a disallowed flag override)");
   std::smatch m;
-  const std::string what = e.what();
-  if (!std::regex_match(what, m, kCouldNot)) return e;
-  return CLI::ValidationError(m[1].str(),
-                              "is out of range for this option (-2147483648 to 2147483647), got " + m[2].str());
+  if (std::regex_match(what, m, kCouldNot))
+    return m[1].str() + ": is out of range for this option (-2147483648 to 2147483647), got " + m[2].str();
+  if (std::regex_match(what, m, kFlagValue))
+    return "--" + m[1].str() + " is a flag and takes no value: give it or leave it out";
+  return what;
 }
 
 // Parses the command line with StrictNumbers in force. Returns true to go
@@ -129,16 +134,30 @@ inline CLI::ParseError Reworded(const CLI::ConversionError& e) {
 // (*exit_code 2, the status every tool gives bad input).
 inline bool Parse(CLI::App& app, int argc, char** argv, int* exit_code) {
   StrictNumbers(&app);
+  // A flag takes no value: "--json=false" would set it false, and a tool
+  // that asks whether it was given would still see it.
+  for (CLI::Option* o : app.get_options())
+    if (o->get_expected_max() == 0) o->disable_flag_override();
   try {
     app.parse(argc, argv);
     return true;
-  } catch (const CLI::ConversionError& e) {
-    *exit_code = app.exit(Reworded(e)) == 0 ? 0 : 2;
-    return false;
   } catch (const CLI::ParseError& e) {
-    *exit_code = app.exit(e) == 0 ? 0 : 2;
+    if (e.get_exit_code() == 0) {  // help, version
+      *exit_code = app.exit(e);
+      return false;
+    }
+    // A quoted value of any length is shortened (ShortenLongWords).
+    (void)app.exit(CLI::ParseError(ShortenLongWords(Reworded(e.what())), e.get_exit_code()));
+    *exit_code = 2;
     return false;
   }
+}
+
+// A tool's failure: "TOOL: MESSAGE" on stderr, long words shortened; the
+// status every tool gives bad input.
+inline int Fail(const char* tool, const std::string& message) {
+  std::fprintf(stderr, "%s: %s\n", tool, ShortenLongWords(message).c_str());
+  return 2;
 }
 
 // The first of `flags` given on the command line, or null: for flags that

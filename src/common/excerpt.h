@@ -1,32 +1,97 @@
 // Quoting input in error messages.
 #pragma once
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <string_view>
 
 namespace distca {
 
+// The length of the well-formed UTF-8 sequence at the start of `text`
+// (1-4 bytes), or 0 if it does not start with one (a stray continuation
+// byte, an overlong form, a surrogate, a code point above U+10FFFF, a
+// sequence cut short).
+inline size_t Utf8SequenceLength(std::string_view text) {
+  const auto byte = [&](size_t i) { return static_cast<unsigned char>(text[i]); };
+  const unsigned char c = byte(0);
+  if (c < 0x80) return 1;
+  size_t n = 0;
+  unsigned char lo = 0x80, hi = 0xbf;  // the second byte's range
+  if (c >= 0xc2 && c <= 0xdf) {
+    n = 2;
+  } else if (c >= 0xe0 && c <= 0xef) {
+    n = 3;
+    if (c == 0xe0) lo = 0xa0;  // overlong
+    if (c == 0xed) hi = 0x9f;  // surrogates
+  } else if (c >= 0xf0 && c <= 0xf4) {
+    n = 4;
+    if (c == 0xf0) lo = 0x90;  // overlong
+    if (c == 0xf4) hi = 0x8f;  // above U+10FFFF
+  } else {
+    return 0;
+  }
+  if (text.size() < n || byte(1) < lo || byte(1) > hi) return 0;
+  for (size_t i = 2; i < n; ++i)
+    if (byte(i) < 0x80 || byte(i) > 0xbf) return 0;
+  return n;
+}
+
 // `text` for quoting in a message: its first `max` bytes, followed by
-// "... (N bytes)" when it is longer, control characters written as \xNN (a
-// NUL would end the message where it is printed), and a quote or backslash
+// "... (N bytes)" when it is longer; control characters, and bytes that are
+// not well-formed UTF-8, written as \xNN (a NUL would end the message where
+// it is printed, and a stray byte garbles a terminal); a quote or backslash
 // behind a backslash (the message quotes it).
 inline std::string Excerpt(std::string_view text, size_t max = 80) {
   std::string out;
-  for (size_t i = 0; i < text.size() && i < max; ++i) {
+  const auto escape = [&](unsigned char c) {
+    char escaped[5];
+    std::snprintf(escaped, sizeof escaped, "\\x%02x", c);
+    out += escaped;
+  };
+  size_t i = 0;
+  while (i < text.size() && i < max) {
     const unsigned char c = static_cast<unsigned char>(text[i]);
     if (c == '"' || c == '\\') {
       out += '\\';
       out += static_cast<char>(c);
+      ++i;
     } else if (c < 0x20 || c == 0x7f) {
-      char escaped[5];
-      std::snprintf(escaped, sizeof escaped, "\\x%02x", c);
-      out += escaped;
+      escape(c);
+      ++i;
+    } else if (const size_t n = Utf8SequenceLength(text.substr(i)); n == 0) {
+      escape(c);
+      ++i;
+    } else if (i + n > max) {
+      break;  // a character cut in two by the limit is left out
     } else {
-      out += static_cast<char>(c);
+      out.append(text.substr(i, n));
+      i += n;
     }
   }
   if (text.size() > max) out += "... (" + std::to_string(text.size()) + " bytes)";
+  return out;
+}
+
+// `message` with every word (a run without spaces) longer than `max_word`
+// bytes cut to its start and "... (N bytes)": a tool's last line where a
+// library or CLI11 quoted a 100 KB value whole.
+inline std::string ShortenLongWords(std::string_view message, size_t max_word = 200) {
+  std::string out;
+  size_t i = 0;
+  while (i < message.size()) {
+    const size_t end = std::min(message.find(' ', i), message.size());
+    const std::string_view word = message.substr(i, end - i);
+    if (word.size() <= max_word) {
+      out.append(word);
+    } else {
+      size_t keep = max_word;  // not inside a UTF-8 character
+      while (keep > 0 && (static_cast<unsigned char>(word[keep]) & 0xc0) == 0x80) --keep;
+      out.append(word.substr(0, keep)).append("... (" + std::to_string(word.size()) + " bytes)");
+    }
+    if (end < message.size()) out += ' ';
+    i = end + 1;
+  }
   return out;
 }
 

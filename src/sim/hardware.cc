@@ -222,8 +222,10 @@ Status ApplyOverride(const std::string& spec, json* root) {
             fmt::format("{}: \"{}\" must be an index below {} (the array's length)", what, so_far, node->size()));
       node = &(*node)[index];
     } else {
+      std::string shown = node->dump();  // a long one by its kind and size
+      if (shown.size() > 80) shown = fmt::format("a {} of {} bytes", node->type_name(), shown.size());
       return Status::InvalidArgument(
-          fmt::format("{}: \"{}\" is {}, which has no fields", what, path.substr(0, start - 1), node->dump()));
+          fmt::format("{}: \"{}\" is {}, which has no fields", what, path.substr(0, start - 1), shown));
     }
     if (dot == std::string::npos) break;
     start = dot + 1;

@@ -378,8 +378,9 @@ Status ValidateSimOptions(const SimOptions& o) {
         fmt::format("wlb-ideal's breakpoint must be in [0, {}] tokens (0: from the model's "
                     "FLOPs), got {}",
                     kMaxSimIterationTokens, o.wlb_breakpoint));
-  if (o.threads < 0 || o.threads > kMaxThreads)
-    return Status::InvalidArgument(fmt::format("threads must be in [0, {}], got {}", kMaxThreads, o.threads));
+  if (o.threads < 0) return Status::InvalidArgument(fmt::format("threads must not be negative, got {}", o.threads));
+  if (o.threads > kMaxThreads)
+    return Status::InvalidArgument(fmt::format("threads must be at most {}, got {}", kMaxThreads, o.threads));
   return Status::Ok();
 }
 

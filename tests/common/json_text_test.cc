@@ -62,6 +62,18 @@ TEST(JsonTextTest, MessagesQuoteLongInputInPart) {
   EXPECT_EQ(Excerpt("abc", 3), "abc");
   EXPECT_EQ(Excerpt(R"(a"b\c)"), R"(a\"b\\c)");
   EXPECT_EQ(Excerpt(std::string_view("a\0b\n", 4)), "a\\x00b\\x0a");
+  // Well-formed UTF-8 is kept; other bytes above 0x7f are escaped, and a
+  // character the limit would cut is left out.
+  EXPECT_EQ(Excerpt("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"), "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80");
+  EXPECT_EQ(Excerpt("100, \xff"), "100, \\xff");
+  EXPECT_EQ(Excerpt("\xc3(\xe0\x80\x80\xed\xa0\x80"), "\\xc3(\\xe0\\x80\\x80\\xed\\xa0\\x80");
+  EXPECT_EQ(Excerpt("\xf4\x90\x80\x80\xc3"), "\\xf4\\x90\\x80\\x80\\xc3");
+  EXPECT_EQ(Excerpt("ab\xc3\xa9", 3), "ab... (4 bytes)");
+  // A tool's message: each word past the limit cut, spaces kept, no UTF-8
+  // character cut in two.
+  EXPECT_EQ(ShortenLongWords("unknown 'abcdefgh'  x ", 8), "unknown 'abcdefg... (10 bytes)  x ");
+  EXPECT_EQ(ShortenLongWords("\xc3\xa9\xc3\xa9\xc3\xa9", 3), "\xc3\xa9... (6 bytes)");
+  EXPECT_EQ(ShortenLongWords("short words stay", 5), "short words stay");
   // A key with an escaped NUL is quoted whole.
   EXPECT_EQ(Why(R"({"k\u0000": 1, "k\u0000": 2})"),
             "the file is not valid JSON: key \"k\\x00\" appears twice in one object");

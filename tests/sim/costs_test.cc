@@ -430,6 +430,9 @@ TEST(HardwareProfileTest, OverridesChangeFieldsBeforeTheChecks) {
     EXPECT_TRUE(Contains(s, message)) << spec << ": " << s.ToString();
     EXPECT_TRUE(Contains(s, path)) << s.ToString();
   }
+  // A long value is named by its kind and size, not printed.
+  const Status s = LoadHardwareProfile(path, &p, {"source=\"" + std::string(100, 'a') + "\"", "source.text=1"});
+  EXPECT_TRUE(Contains(s, "\"source\" is a string of 102 bytes, which has no fields")) << s.ToString();
 }
 
 TEST(RankCostsTest, LinearAndHead) {
