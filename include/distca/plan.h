@@ -72,7 +72,9 @@ class CostModel {
   // Measured seconds per task from a CSV table with header q_len,kv_len,seconds
   // whose rows form a full grid; costs are interpolated bilinearly and, outside
   // the grid, scaled from the nearest grid point by the ratio of causal pairs.
+  // At most kMaxTableRows data rows (measured tables hold about a hundred).
   static Status FromTableCsv(std::string_view csv_text, CostModel* model);
+  static constexpr int64_t kMaxTableRows = int64_t{1} << 16;
 
   // Cost of query rows [q_begin, q_end) of a document with KV prefix [0, q_end).
   // Inline: the planners' searches call it millions of times per plan.

@@ -65,6 +65,11 @@ Status CostModel::FromTableCsv(std::string_view csv_text, CostModel* model) {
       header = true;
       continue;
     }
+    // A bound on the parse and on the grid a lookup searches: a full
+    // triangle of 4.5 million rows took 25 s and 660 MB to load.
+    if (int64_t(points.size()) == kMaxTableRows)
+      return Status::InvalidArgument(
+          fmt::format("table line {}: more than {} data rows, the limit of a table", line_no, kMaxTableRows));
     double q = 0, kv = 0, s = 0;
     char c1 = 0, c2 = 0;
     std::istringstream row(line);

@@ -1,4 +1,5 @@
 // The planner's parts: layout, cost model, traffic, validation, JSON, budget.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -158,6 +159,12 @@ TEST(CostModelTest, TableErrors) {
   EXPECT_TRUE(Contains(CostModel::FromTableCsv("q_len,kv_len,seconds\n4096,4096,5e-324\n", &t), "below 1e-15"));
   EXPECT_TRUE(Contains(CostModel::FromTableCsv("q_len,kv_len,seconds\n1e160,1e160,1\n", &t), "beyond 2^32"));
   EXPECT_TRUE(Contains(CostModel::FromTableCsv("q_len,kv_len,seconds\n1,2,1\n2,4,1\n", &t), "not a full grid"));
+  // A table of kMaxTableRows rows loads; one more row is refused.
+  std::string big = "q_len,kv_len,seconds\n";
+  for (int64_t i = 1; i <= CostModel::kMaxTableRows; ++i) big += fmt::format("1,{},1\n", i);
+  EXPECT_TRUE(CostModel::FromTableCsv(big, &t).ok());
+  big += fmt::format("1,{},1\n", CostModel::kMaxTableRows + 1);
+  EXPECT_TRUE(Contains(CostModel::FromTableCsv(big, &t), "table line 65538: more than 65536 data rows"));
 }
 
 // A plan small enough to count its bytes by hand (see the comments).
