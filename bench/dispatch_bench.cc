@@ -122,6 +122,11 @@ struct CaseResult {
 }  // namespace
 
 bool RunDispatchBench(const DispatchBenchOptions& o, std::string* error) {
+  // One rank sends nothing: 0 bytes at 0 GB/s measures no link.
+  if (ChosenBackend(CommOptions{}) == CommOptions::Backend::kLocal && o.local_ranks < 2) {
+    *error = fmt::format("needs at least 2 ranks to measure a link, got {}", o.local_ranks);
+    return false;
+  }
   std::vector<int64_t> pool;
   Status s = ReadLengthsFile(o.lengths_file, &pool);
   if (s.ok() && !o.trace_file.empty()) s = CheckOutputPath(o.trace_file);  // before minutes of measuring

@@ -1,8 +1,10 @@
 // distca-bench: the project's benchmarks. Each subcommand prints a table, or
 // JSON with --json; --short is the mode CI runs.
+#include <fmt/format.h>
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
+#include <functional>
 #include <map>
 #include <string>
 
@@ -16,7 +18,10 @@
 
 namespace {
 
-int Fail(const std::string& message) { return distca::cli::Fail("distca-bench", message); }
+// "distca-bench SUBCOMMAND: MESSAGE" (or "distca-bench: MESSAGE"), status 2.
+int Fail(const std::string& subcommand, const std::string& message) {
+  return distca::cli::Fail(subcommand.empty() ? "distca-bench" : ("distca-bench " + subcommand).c_str(), message);
+}
 
 int Run(int argc, char** argv) {
   CLI::App app{"distca benchmarks"};
@@ -105,8 +110,7 @@ int Run(int argc, char** argv) {
     names += (names.empty() ? "" : ", ") + sub->get_name();
   }
   if (argc > 1 && argv[1][0] != '-' && !known) {
-    std::fprintf(stderr, "distca-bench: unknown subcommand '%s': use one of %s\n", argv[1], names.c_str());
-    return 2;
+    return Fail("", fmt::format("unknown subcommand '{}': use one of {}", argv[1], names));
   }
   if (int rc = 0; !distca::cli::Parse(app, argc, argv, &rc)) return rc;
   // Flags the chosen mode ignores are refused, as the tools do.
@@ -114,36 +118,31 @@ int Run(int argc, char** argv) {
     const bool table = attention->count("--table-out") > 0;
     const char* ignored = table ? distca::cli::FirstGiven(*attention, {"--threads", "--json"})
                                 : distca::cli::FirstGiven(*attention, {"--q-heads", "--kv-heads", "--head-dim"});
-    if (ignored != nullptr) {
-      std::fprintf(stderr, "distca-bench attention: %s %s\n", ignored,
-                   table ? "applies to the benchmark, not to --table-out (one thread, a CSV file)"
-                         : "applies to --table-out only (the benchmark runs its own head shapes)");
-      return 2;
-    }
+    if (ignored != nullptr)
+      return Fail("attention",
+                  fmt::format("{} {}", ignored,
+                              table ? "applies to the benchmark, not to --table-out (one thread, a CSV file)"
+                                    : "applies to --table-out only (the benchmark runs its own head shapes)"));
   }
 
+  if (dispatcher->parsed())
+    if (const std::string clash = distca::cli::OutputOverInput({{"--trace", dispatch.trace_file}},
+                                                               {{"the --lengths file", dispatch.lengths_file}});
+        !clash.empty())
+      return Fail("dispatch", clash);
   if (profiler->parsed() && profile.short_mode)
-    if (const char* flag = distca::cli::FirstGiven(*profiler, {"--model", "--reps"})) {
-      std::fprintf(stderr, "distca-bench profile: --short fixes the model (tiny) and the runs (1); drop %s\n", flag);
-      return 2;
-    }
+    if (const char* flag = distca::cli::FirstGiven(*profiler, {"--model", "--reps"}))
+      return Fail("profile", fmt::format("--short fixes the model (tiny) and the runs (1); drop {}", flag));
   if (distca::LaunchedByMpirun()) {
     // The attention and planner benchmarks time one process: under mpirun
     // every process would run and print them, timed against each other.
     for (CLI::App* sub : {attention, planner})
-      if (sub->parsed()) {
-        std::fprintf(stderr, "distca-bench %s: runs in one process, not under mpirun (start it without mpirun)\n",
-                     sub->get_name().c_str());
-        return 2;
-      }
+      if (sub->parsed())
+        return Fail(sub->get_name(), "runs in one process, not under mpirun (start it without mpirun)");
     for (CLI::App* sub : {dispatcher, trainer, profiler})
-      if (sub->parsed() && sub->count("--ranks") > 0) {
-        std::fprintf(stderr,
-                     "distca-bench %s: --ranks sets the local backend's ranks; under mpirun the ranks are its "
-                     "processes (-np)\n",
-                     sub->get_name().c_str());
-        return 2;
-      }
+      if (sub->parsed() && sub->count("--ranks") > 0)
+        return Fail(sub->get_name(),
+                    "--ranks sets the local backend's ranks; under mpirun the ranks are its processes (-np)");
   }
 
   const std::map<std::string, distca::AttentionKernel> kernels = {{"auto", distca::AttentionKernel::kAuto},
@@ -151,35 +150,25 @@ int Run(int argc, char** argv) {
                                                                   {"avx2", distca::AttentionKernel::kAvx2},
                                                                   {"avx512", distca::AttentionKernel::kAvx512}};
   attn.kernel = kernels.at(kernel);
+  const std::pair<CLI::App*, std::function<bool(std::string*)>> runs[] = {
+      {attention, [&](std::string* e) { return distca::bench::RunAttentionBench(attn, e); }},
+      {dispatcher, [&](std::string* e) { return distca::bench::RunDispatchBench(dispatch, e); }},
+      {trainer, [&](std::string* e) { return distca::bench::RunTrainBench(train, e); }},
+      {profiler, [&](std::string* e) { return distca::bench::RunProfileBench(profile, e); }},
+      {planner, [&](std::string* e) { return distca::bench::RunPlanBench(plan, e); }}};
   try {
-    std::string error;
-    if (attention->parsed() && !distca::bench::RunAttentionBench(attn, &error)) {
-      std::fprintf(stderr, "distca-bench attention: %s\n", error.c_str());
-      return 2;
-    }
-    if (dispatcher->parsed() && !distca::bench::RunDispatchBench(dispatch, &error)) {
-      std::fprintf(stderr, "distca-bench dispatch: %s\n", error.c_str());
-      return 2;
-    }
-    if (trainer->parsed() && !distca::bench::RunTrainBench(train, &error)) {
-      std::fprintf(stderr, "distca-bench train: %s\n", error.c_str());
-      return 2;
-    }
-    if (profiler->parsed() && !distca::bench::RunProfileBench(profile, &error)) {
-      std::fprintf(stderr, "distca-bench profile: %s\n", error.c_str());
-      return 2;
-    }
-    if (planner->parsed() && !distca::bench::RunPlanBench(plan, &error)) {
-      std::fprintf(stderr, "distca-bench plan: %s\n", error.c_str());
-      return 2;
+    for (const auto& [sub, run] : runs) {
+      std::string error;
+      if (sub->parsed() && !run(&error)) return Fail(sub->get_name(), error);
     }
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "distca-bench: %s\n", e.what());
-    return 2;
+    return Fail("", e.what());
   }
   return 0;
 }
 
 }  // namespace
 
-int main(int argc, char** argv) { return distca::cli::GuardedMain(argc, argv, Run, Fail); }
+int main(int argc, char** argv) {
+  return distca::cli::GuardedMain(argc, argv, Run, [](const std::string& m) { return Fail("", m); });
+}

@@ -17,6 +17,7 @@
 #include "bench/gemm_rate.h"
 #include "bench/median.h"
 #include "bench/train_bench.h"
+#include "common/excerpt.h"
 #include "common/file_util.h"
 #include "common/memory_info.h"
 #include "common/timer.h"
@@ -84,6 +85,24 @@ bool RunProfileBench(const ProfileBenchOptions& o, std::string* error) {
     *error = fmt::format("--out must name a JSON file, got '{}'", o.out);
     return false;
   }
+  // The profile is read back when written, and its tables go beside it
+  // under its stem's name: a device or a pipe cannot be (/dev/stdout into a
+  // pipe hung, reading back its own output), and a name JSON cannot hold
+  // would name tables that do not exist.
+  std::error_code ec;
+  if (const auto st = std::filesystem::status(out, ec);
+      !ec && std::filesystem::exists(st) && !std::filesystem::is_regular_file(st)) {
+    *error = fmt::format(
+        "--out must be a regular file (the profile is read back, its tables written beside it): "
+        "'{}' is not one",
+        o.out);
+    return false;
+  }
+  if (!IsWellFormedUtf8(out.filename().string())) {
+    *error = fmt::format("--out: the file name '{}' is not UTF-8, which the profile (JSON) needs to name its tables",
+                         Excerpt(out.filename().string()));
+    return false;
+  }
   // The local backend's ranks are known now (MPI's once started).
   if (ChosenBackend(CommOptions{}) == CommOptions::Backend::kLocal && o.local_ranks < 2) {
     *error = TooFewRanks(o.local_ranks);
@@ -104,7 +123,6 @@ bool RunProfileBench(const ProfileBenchOptions& o, std::string* error) {
   const std::string forward_table_file = ForwardTablePath(table_file);
   const std::filesystem::path forward_table_path = out.parent_path() / forward_table_file;
   if (!out.parent_path().empty()) {
-    std::error_code ec;
     std::filesystem::create_directories(out.parent_path(), ec);
     if (ec) {
       *error = fmt::format("cannot create '{}': {}", out.parent_path().string(), ec.message());

@@ -154,6 +154,20 @@ int Run(int argc, char** argv) {
     return Fail("--budget-per-exchange says what --comm-budget bounds: it needs a positive --comm-budget");
   if (a.plan.budget_counts_local && !a.plan.budget_per_exchange)
     return Fail("--budget-counts-local counts a rank's own rows in each exchange: it needs --budget-per-exchange");
+  // A colocated plan keeps every document where the layout puts it.
+  if (a.plan.policy == distca::PlanPolicy::kColocated) {
+    if (app.count("--tolerance") > 0)
+      return Fail("--tolerance bounds what a balancing policy moves: --policy colocated moves nothing");
+    if (a.plan.dedicated_servers > 0)
+      return Fail(
+          fmt::format("--servers {}: a colocated plan gives dedicated servers no work", a.plan.dedicated_servers));
+  }
+  if (const std::string clash =
+          distca::cli::OutputOverInput({{"--emit-plan", a.emit_plan}}, {{"the --docs-file", a.docs_file},
+                                                                        {"the --lengths file", a.lengths_file},
+                                                                        {"the --cost-table", a.cost_table}});
+      !clash.empty())
+    return Fail(clash);
   if (!a.docs_file.empty()) {
     const char* flag = distca::cli::FirstGiven(app, distca::cli::kSamplingFlags);
     if (flag == nullptr) flag = distca::cli::FirstGiven(app, {"--max-doc-len"});

@@ -45,26 +45,22 @@ struct Args {
 // finished with exit 0, leaving a docs file replaced by a trace, or a
 // checkpoint with log lines in its state.json.
 std::string OutputClash(const Args& a, const distca::TrainOptions& t) {
-  std::vector<std::pair<std::string, std::string>> outputs;  // (flag, path)
-  if (!a.trace_file.empty()) outputs.emplace_back("--trace", a.trace_file);
-  if (!a.json_log.empty()) outputs.emplace_back("--json-log", a.json_log);
-  if (outputs.size() == 2 && distca::SameFile(a.trace_file, a.json_log)) return "--trace and --json-log name one file";
-  std::vector<std::pair<std::string, std::string>> files, dirs;  // (what, path)
-  if (!a.docs_file.empty()) files.emplace_back("the --docs-file", a.docs_file);
+  const std::vector<distca::cli::NamedPath> outputs = {{"--trace", a.trace_file}, {"--json-log", a.json_log}};
+  std::vector<distca::cli::NamedPath> files = {{"the --docs-file", a.docs_file}};
   const auto spec = [&](const char* kind) {
     return a.data.rfind(kind, 0) == 0 ? a.data.substr(std::strlen(kind)) : std::string();
   };
-  if (const std::string f = spec("synthetic:"); !f.empty()) files.emplace_back("the --data file", f);
+  if (const std::string f = spec("synthetic:"); !f.empty()) files.push_back({"the --data file", f});
   if (const std::string f = spec("indexed:"); !f.empty()) {
-    files.emplace_back("the --data index", f + ".idx");
-    files.emplace_back("the --data tokens", f + ".bin");
+    files.push_back({"the --data index", f + ".idx"});
+    files.push_back({"the --data tokens", f + ".bin"});
   }
-  if (const std::string d = spec("text:"); !d.empty()) dirs.emplace_back("the --data corpus", d);
+  if (std::string clash = distca::cli::OutputOverInput(outputs, files); !clash.empty()) return clash;
+  const std::string corpus = spec("text:");
   for (const auto& [flag, out] : outputs) {
-    for (const auto& [what, in] : files)
-      if (distca::SameFile(out, in)) return fmt::format("{} {} would overwrite {}", flag, out, what);
-    for (const auto& [what, in] : dirs)
-      if (distca::IsSameOrInside(out, in)) return fmt::format("{} {} would write into {} ({})", flag, out, what, in);
+    if (out.empty()) continue;
+    if (!corpus.empty() && distca::IsSameOrInside(out, corpus))
+      return fmt::format("{} {} would write into the --data corpus ({})", flag, out, corpus);
     // A checkpoint's own files, in the directory resumed from or saved to.
     if (distca::IsCheckpointFile(out))
       for (const std::string& dir : {t.load_dir, t.save_dir})

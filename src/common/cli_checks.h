@@ -8,13 +8,16 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <initializer_list>
 #include <new>
 #include <regex>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "common/excerpt.h"
+#include "common/file_util.h"
 
 namespace distca::cli {
 
@@ -136,8 +139,12 @@ inline bool Parse(CLI::App& app, int argc, char** argv, int* exit_code) {
   StrictNumbers(&app);
   // A flag takes no value: "--json=false" would set it false, and a tool
   // that asks whether it was given would still see it.
-  for (CLI::Option* o : app.get_options())
-    if (o->get_expected_max() == 0) o->disable_flag_override();
+  const std::function<void(CLI::App*)> no_flag_values = [&](CLI::App* a) {
+    for (CLI::Option* o : a->get_options())
+      if (o->get_expected_max() == 0) o->disable_flag_override();
+    for (CLI::App* sub : a->get_subcommands({})) no_flag_values(sub);
+  };
+  no_flag_values(&app);
   try {
     app.parse(argc, argv);
     return true;
@@ -151,6 +158,28 @@ inline bool Parse(CLI::App& app, int argc, char** argv, int* exit_code) {
     *exit_code = 2;
     return false;
   }
+}
+
+// A file a tool writes or reads, and how a message names it: {"--trace",
+// path}, {"the --docs-file", path}.
+struct NamedPath {
+  std::string name, path;
+};
+// What an output would overwrite (an input, or an output named before it),
+// or "" when nothing: a tool that wrote its results over its input had exit
+// 0 and left the input gone. Empty paths are not given.
+inline std::string OutputOverInput(const std::vector<NamedPath>& outputs, const std::vector<NamedPath>& inputs) {
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const NamedPath& out = outputs[i];
+    if (out.path.empty()) continue;
+    for (size_t j = 0; j < i; ++j)
+      if (!outputs[j].path.empty() && SameFile(out.path, outputs[j].path))
+        return outputs[j].name + " and " + out.name + " name one file";
+    for (const NamedPath& in : inputs)
+      if (!in.path.empty() && SameFile(out.path, in.path))
+        return out.name + " " + out.path + " would overwrite " + in.name;
+  }
+  return "";
 }
 
 // A tool's failure: "TOOL: MESSAGE" on stderr, long words shortened; the

@@ -37,6 +37,16 @@ inline size_t Utf8SequenceLength(std::string_view text) {
   return n;
 }
 
+// Whether all of `text` is well-formed UTF-8.
+inline bool IsWellFormedUtf8(std::string_view text) {
+  for (size_t i = 0; i < text.size();) {
+    const size_t n = Utf8SequenceLength(text.substr(i));
+    if (n == 0) return false;
+    i += n;
+  }
+  return true;
+}
+
 // `text` for quoting in a message: its first `max` bytes, followed by
 // "... (N bytes)" when it is longer; control characters, and bytes that are
 // not well-formed UTF-8, written as \xNN (a NUL would end the message where

@@ -99,9 +99,14 @@ namespace {
 
 // Writes `contents` through an open stream and closes it.
 Status WriteOpened(std::ofstream& out, const std::string& path, std::string_view contents) {
+  errno = 0;
   out.write(contents.data(), static_cast<std::streamsize>(contents.size()));
   out.close();
-  if (!out) return Status::IoError("error while writing '" + path + "'");
+  if (!out) {
+    const int err = errno;  // the failed write's, where the stream kept it
+    return Status::IoError("error while writing '" + path + "'" +
+                           (err != 0 ? std::string(": ") + std::strerror(err) : ""));
+  }
   return Status::Ok();
 }
 
@@ -142,11 +147,24 @@ Status WriteTextFile(const std::string& path, std::string_view contents) {
   // A device, a pipe or a link (/dev/stdout is one) is written as it is: a
   // rename would replace the link, not what it points to.
   if (!ec && std::filesystem::exists(st) && !std::filesystem::is_regular_file(st)) return WriteInPlace(path, contents);
-  const std::string tmp = StagingPathOf(path);
-  std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+  // Staged under a name of its own (path + ".tmp-XXXXXX"): a fixed
+  // path + ".tmp" replaced whatever file of the user's had that name.
+  std::string tmp = path + ".tmp-XXXXXX";
+  const int fd = ::mkstemp(tmp.data());
   // No temporary can be made beside it (a directory this user cannot write,
   // holding a file it can): write in place.
-  if (!out) return WriteInPlace(path, contents);
+  if (fd < 0) return WriteInPlace(path, contents);
+  // mkstemp makes the file 0600; the result gets what a new file gets.
+  const mode_t mask = ::umask(0);
+  ::umask(mask);
+  ::fchmod(fd, 0666 & ~mask);
+  ::close(fd);
+  std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+  if (!out) {
+    const int err = errno;
+    std::remove(tmp.c_str());
+    return Status::IoError("cannot open '" + tmp + "': " + std::strerror(err)).WithContext("writing '" + path + "'");
+  }
   if (Status s = WriteOpened(out, tmp, contents); !s.ok()) {
     std::remove(tmp.c_str());
     return s.WithContext("writing '" + path + "'");
@@ -207,8 +225,14 @@ Status CheckOutputPath(const std::string& path) {
   const std::string dir = DirectoryOf(path);
   if (!std::filesystem::is_directory(dir, ec))
     return Status::IoError("cannot write '" + path + "': '" + dir + "' is not a directory");
-  if (::access(dir.c_str(), W_OK) != 0)
+  // A file made there and removed: access(W_OK) says yes to root for /proc
+  // and /sys, where no file can be created (found after the run).
+  std::string probe = (std::filesystem::path(dir) / ".distca-probe-XXXXXX").string();
+  const int fd = ::mkstemp(probe.data());
+  if (fd < 0)
     return Status::IoError("cannot write '" + path + "': '" + dir + "' is not writable: " + std::strerror(errno));
+  ::close(fd);
+  ::unlink(probe.c_str());
   return Status::Ok();
 }
 

@@ -18,8 +18,9 @@ Status ReadTextFile(const std::string& path, std::string* contents, size_t strea
 // refused before it is read ("PATH: N bytes, more than the MAX bytes WHAT
 // can take"), a stream once it passes max_bytes.
 Status ReadTextFileAtMost(const std::string& path, std::string* contents, uint64_t max_bytes, std::string_view what);
-// Writes a whole file: to path + ".tmp", renamed over `path` once complete
-// (a failed write leaves the old file, and no .tmp). A device, a pipe or a
+// Writes a whole file: to a new path + ".tmp-XXXXXX", renamed over `path`
+// once complete (a failed write leaves the old file, and no temporary). A
+// device, a pipe or a
 // symbolic link is written as it is, and so is a file where no temporary can
 // be created beside it. The file standard output goes to is written through
 // stdout, after what it already holds. Not fsynced (WriteFileAtomic is).
@@ -28,7 +29,8 @@ Status WriteTextFile(const std::string& path, std::string_view contents);
 // Writes `contents` to path + ".tmp", fsyncs it, renames it over `path` and
 // fsyncs the directory: readers see the old file or the whole new one.
 Status WriteFileAtomic(const std::string& path, std::string_view contents);
-// Where WriteFileAtomic and WriteTextFile stage `path`: path + ".tmp".
+// Where WriteFileAtomic stages `path`: path + ".tmp" (its writers own the
+// directory: checkpoints, a grid's results).
 std::string StagingPathOf(const std::string& path);
 // Parts of WriteFileAtomic, for writers that replace several files at once:
 // write and fsync `path` (removed again on failure); the directory holding

@@ -69,6 +69,9 @@ TEST(JsonTextTest, MessagesQuoteLongInputInPart) {
   EXPECT_EQ(Excerpt("\xc3(\xe0\x80\x80\xed\xa0\x80"), "\\xc3(\\xe0\\x80\\x80\\xed\\xa0\\x80");
   EXPECT_EQ(Excerpt("\xf4\x90\x80\x80\xc3"), "\\xf4\\x90\\x80\\x80\\xc3");
   EXPECT_EQ(Excerpt("ab\xc3\xa9", 3), "ab... (4 bytes)");
+  EXPECT_TRUE(IsWellFormedUtf8("caf\xc3\xa9"));
+  EXPECT_FALSE(IsWellFormedUtf8("caf\xc3"));
+  EXPECT_FALSE(IsWellFormedUtf8("\xff.json"));
   // A tool's message: each word past the limit cut, spaces kept, no UTF-8
   // character cut in two.
   EXPECT_EQ(ShortenLongWords("unknown 'abcdefgh'  x ", 8), "unknown 'abcdefg... (10 bytes)  x ");
