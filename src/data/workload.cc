@@ -120,7 +120,10 @@ class LengthsReader {
     depth_ = 1;
     return true;
   }
-  bool parse_error(size_t, const std::string&, const nlohmann::detail::exception& e) {
+  bool parse_error(size_t, const std::string& token, const nlohmann::detail::exception& e) {
+    // A number past a double's range (hundreds of digits) is valid JSON,
+    // which the reader cannot hold: judged as the numbers it can.
+    if (e.id == 406) return number_float(0, token);
     return Fail(fmt::format("{} is not valid JSON: {}", FileName(), JsonExceptionWhy(e)));
   }
 
@@ -151,12 +154,13 @@ class LengthsReader {
   // An integer above kMaxDocumentLength, as written.
   bool TooLong(const std::string& text) {
     if (depth_ != ListDepth()) return NotALength();
-    return Fail(fmt::format("{} = {} is longer than the supported {} tokens", At(), text, kMaxDocumentLength));
+    return Fail(
+        fmt::format("{} = {} is longer than the supported {} tokens", At(), Excerpt(text, 40), kMaxDocumentLength));
   }
   // A length below 1, as written.
   bool NotPositive(const std::string& text) {
     if (depth_ != ListDepth()) return NotALength();
-    return Fail(fmt::format("{} = {}: lengths must be positive", At(), text));
+    return Fail(fmt::format("{} = {}: lengths must be positive", At(), Excerpt(text, 40)));
   }
   // An integer where a length may stand, at most kMaxDocumentLength.
   bool Length(int64_t len) {

@@ -37,6 +37,11 @@ TEST(WorkloadTest, RejectsBadFiles) {
   // Past uint64 the JSON reader has a float: still too long, not "not an integer".
   EXPECT_TRUE(Contains(ParseLengthsJson("[3, 99999999999999999999999]", &lengths),
                        "lengths[1] = 99999999999999999999999 is longer"));
+  // Past a double the reader stops at the number: still valid JSON, too long.
+  EXPECT_TRUE(Contains(ParseLengthsJson("[1" + std::string(309, '0') + "]", &lengths),
+                       "lengths[0] = 1" + std::string(39, '0') + "... (310 bytes) is longer"));
+  EXPECT_TRUE(Contains(ParseLengthsJson("[-1" + std::string(309, '0') + "]", &lengths), "must be positive"));
+  EXPECT_TRUE(Contains(ParseLengthsJson("[1e400]", &lengths), "lengths[0] is not an integer length"));
   EXPECT_TRUE(Contains(ParseLengthsJson("[3, 1e30]", &lengths), "lengths[1] is not an integer length"));
   EXPECT_TRUE(Contains(ParseLengthsJson("[3, -99999999999999999999999]", &lengths),
                        "lengths[1] = -99999999999999999999999: lengths must be positive"));
