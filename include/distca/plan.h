@@ -251,6 +251,10 @@ struct Plan {
   int servers() const { return ranks + dedicated_servers; }
 };
 
+// The checks BuildPlan makes of its options (ranks, servers, model shape,
+// tolerance, block, budget), for a caller that checks them before reading
+// its input.
+Status ValidatePlanOptions(const PlanOptions& options);
 // Builds the linear layout of `doc_lengths` over options.ranks and plans the
 // CA-tasks with options.policy. The result satisfies ValidatePlan.
 Status BuildPlan(const std::vector<int64_t>& doc_lengths, const PlanOptions& options, const CostModel& cost,

@@ -70,9 +70,7 @@ Status CheckPlanShape(int ranks, int dedicated_servers, const PlanModel& m) {
 
 }  // namespace plan
 
-namespace {
-
-Status ValidateOptions(const PlanOptions& o) {
+Status ValidatePlanOptions(const PlanOptions& o) {
   DISTCA_RETURN_IF_ERROR(plan::CheckPlanShape(o.ranks, o.dedicated_servers, o.model));
   if (!(o.tolerance >= 0) || !std::isfinite(o.tolerance))
     return Status::InvalidArgument(fmt::format("tolerance must be a finite number >= 0, got {}", o.tolerance));
@@ -82,6 +80,8 @@ Status ValidateOptions(const PlanOptions& o) {
     return Status::InvalidArgument("budget_counts_local bounds single exchanges: it needs budget_per_exchange");
   return Status::Ok();
 }
+
+namespace {
 
 // Runs the policy at tolerance eps and fills plan->stats, cross-checking the
 // policy's own loads against a from-scratch recomputation.
@@ -261,7 +261,7 @@ Status PlanLayout(const PlanOptions& o, const CostModel& cost, Plan p, Plan* pla
 
 Status BuildPlan(const std::vector<int64_t>& doc_lengths, const PlanOptions& o, const CostModel& cost, Plan* plan) {
   if (plan == nullptr) return Status::InvalidArgument("plan is null");
-  DISTCA_RETURN_IF_ERROR(ValidateOptions(o));
+  DISTCA_RETURN_IF_ERROR(ValidatePlanOptions(o));
   Plan p = EmptyPlan(o);
   DISTCA_RETURN_IF_ERROR(LinearLayout(doc_lengths, o.ranks, &p.documents));
   return PlanLayout(o, cost, std::move(p), plan);
@@ -270,7 +270,7 @@ Status BuildPlan(const std::vector<int64_t>& doc_lengths, const PlanOptions& o, 
 Status BuildPlanForLayout(std::vector<PlanDocument> documents, const PlanOptions& o, const CostModel& cost,
                           Plan* plan) {
   if (plan == nullptr) return Status::InvalidArgument("plan is null");
-  DISTCA_RETURN_IF_ERROR(ValidateOptions(o));
+  DISTCA_RETURN_IF_ERROR(ValidatePlanOptions(o));
   Plan p = EmptyPlan(o);
   p.documents = std::move(documents);
   DISTCA_RETURN_IF_ERROR(CheckGivenLayout(p));
