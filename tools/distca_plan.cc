@@ -149,8 +149,6 @@ int Run(int argc, char** argv) {
   Status s = distca::ParsePlanPolicy(a.policy, &a.plan.policy);
   if (!s.ok()) return Fail(s.message());
   a.plan.tolerance += 0.0;  // "-0" prints as 0
-  // The model's shape and the plan's options, before any input is read.
-  if (s = distca::ValidatePlanOptions(a.plan); !s.ok()) return Fail(s.message());
   if (a.batch && a.docs_file.empty()) return Fail("--batch needs --docs-file");
   if (a.plan.budget_per_exchange && a.plan.comm_budget == 0)
     return Fail("--budget-per-exchange says what --comm-budget bounds: it needs a positive --comm-budget");
@@ -170,6 +168,8 @@ int Run(int argc, char** argv) {
                                                                         {"the --cost-table", a.cost_table}});
       !clash.empty())
     return Fail(clash);
+  // The model's shape and the plan's options, before any input is read.
+  if (s = distca::ValidatePlanOptions(a.plan); !s.ok()) return Fail(s.message());
   if (!a.docs_file.empty()) {
     const char* flag = distca::cli::FirstGiven(app, distca::cli::kSamplingFlags);
     if (flag == nullptr) flag = distca::cli::FirstGiven(app, {"--max-doc-len"});
