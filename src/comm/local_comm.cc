@@ -13,6 +13,7 @@
 #include <exception>
 #include <map>
 #include <mutex>
+#include <new>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -333,6 +334,8 @@ Status RunLocal(int ranks, double timeout_seconds, const std::function<Status(Co
       LocalComm comm(&world, r);
       try {
         results[r] = fn(comm);
+      } catch (const std::bad_alloc&) {  // an allocation too large for this machine: not a bug
+        results[r] = Status::Unavailable("out of memory");
       } catch (const std::exception& e) {
         results[r] = Status::Internal(fmt::format("exception: {}", e.what()));
       } catch (...) {

@@ -24,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <new>
 #include <vector>
 
 #include "comm/mpi_comm.h"
@@ -318,6 +319,8 @@ Status RunMpi(const std::function<Status(Comm&)>& fn) {
   Status result;
   try {
     result = fn(comm);
+  } catch (const std::bad_alloc&) {  // an allocation too large for this machine: not a bug
+    result = Status::Unavailable("out of memory");
   } catch (const std::exception& e) {
     result = Status::Internal(fmt::format("exception: {}", e.what()));
   } catch (...) {

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstring>
 #include <limits>
+#include <new>
 #include <stdexcept>
 #include <thread>
 
@@ -87,6 +88,13 @@ TEST(LocalCommTest, ExceptionsAreFailures) {
   });
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("boom"), std::string::npos) << s.ToString();
+  // An allocation that fails is said as such, not as an internal error.
+  const Status oom = RunLocal(2, [](Comm& c) -> Status {
+    if (c.rank() == 1) throw std::bad_alloc();
+    return c.Barrier();
+  });
+  EXPECT_EQ(oom.code(), StatusCode::kUnavailable) << oom.ToString();
+  EXPECT_NE(oom.message().find("rank 1 failed: out of memory"), std::string::npos) << oom.ToString();
 }
 
 TEST(LocalCommTest, WaitsTimeOutInsteadOfHanging) {
