@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -116,6 +117,32 @@ Status WriteInPlace(const std::string& path, std::string_view contents) {
   return WriteOpened(out, path, contents);
 }
 
+// Writes all of `contents` to fd (named `path` in messages), fsyncs it if
+// `sync`, and closes it; on a failure fd is closed and `path` removed.
+Status WriteAllAndClose(int fd, const std::string& path, std::string_view contents, bool sync) {
+  size_t done = 0;
+  while (done < contents.size()) {
+    const ssize_t n = ::write(fd, contents.data() + done, contents.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = errno;
+      ::close(fd);
+      std::remove(path.c_str());
+      return Status::IoError("error while writing '" + path + "': " + std::strerror(err));
+    }
+    done += static_cast<size_t>(n);
+  }
+  const int sync_rc = sync ? ::fsync(fd) : 0;
+  const int sync_err = errno;
+  const int close_rc = ::close(fd);
+  if (sync_rc != 0 || close_rc != 0) {
+    const int err = sync_rc != 0 ? sync_err : errno;
+    std::remove(path.c_str());
+    return Status::IoError("cannot flush '" + path + "': " + std::strerror(err));
+  }
+  return Status::Ok();
+}
+
 // Renames a complete temporary over `path`; on failure the temporary goes.
 Status RenameOver(const std::string& tmp, const std::string& path) {
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
@@ -147,28 +174,21 @@ Status WriteTextFile(const std::string& path, std::string_view contents) {
   // A device, a pipe or a link (/dev/stdout is one) is written as it is: a
   // rename would replace the link, not what it points to.
   if (!ec && std::filesystem::exists(st) && !std::filesystem::is_regular_file(st)) return WriteInPlace(path, contents);
-  // Staged under a name of its own (path + ".tmp-XXXXXX"): a fixed
+  // Staged under a name of its own (path + ".tmp-PID-N"): a fixed
   // path + ".tmp" replaced whatever file of the user's had that name.
-  std::string tmp = path + ".tmp-XXXXXX";
-  const int fd = ::mkstemp(tmp.data());
+  // Created with mode 0666, which the umask trims as for any new file.
+  static std::atomic<uint64_t> next{0};
+  std::string tmp;
+  int fd = -1;
+  for (int attempt = 0; attempt < 100 && fd < 0; ++attempt) {
+    tmp = path + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(next++);
+    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd < 0 && errno != EEXIST) break;
+  }
   // No temporary can be made beside it (a directory this user cannot write,
   // holding a file it can): write in place.
   if (fd < 0) return WriteInPlace(path, contents);
-  // mkstemp makes the file 0600; the result gets what a new file gets.
-  const mode_t mask = ::umask(0);
-  ::umask(mask);
-  ::fchmod(fd, 0666 & ~mask);
-  ::close(fd);
-  std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-  if (!out) {
-    const int err = errno;
-    std::remove(tmp.c_str());
-    return Status::IoError("cannot open '" + tmp + "': " + std::strerror(err)).WithContext("writing '" + path + "'");
-  }
-  if (Status s = WriteOpened(out, tmp, contents); !s.ok()) {
-    std::remove(tmp.c_str());
-    return s.WithContext("writing '" + path + "'");
-  }
+  DISTCA_RETURN_IF_ERROR(WriteAllAndClose(fd, tmp, contents, /*sync=*/false).WithContext("writing '" + path + "'"));
   return RenameOver(tmp, path);
 }
 
@@ -183,29 +203,9 @@ Status SyncDirectory(const std::string& dir) {
 }
 
 Status WriteFileSynced(const std::string& path, std::string_view contents) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return Status::IoError("cannot create '" + path + "': " + std::strerror(errno));
-  size_t done = 0;
-  while (done < contents.size()) {
-    const ssize_t n = ::write(fd, contents.data() + done, contents.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = errno;
-      ::close(fd);
-      std::remove(path.c_str());
-      return Status::IoError("error while writing '" + path + "': " + std::strerror(err));
-    }
-    done += static_cast<size_t>(n);
-  }
-  const int sync_rc = ::fsync(fd);
-  const int sync_err = errno;
-  const int close_rc = ::close(fd);
-  if (sync_rc != 0 || close_rc != 0) {
-    const int err = sync_rc != 0 ? sync_err : errno;
-    std::remove(path.c_str());
-    return Status::IoError("cannot flush '" + path + "': " + std::strerror(err));
-  }
-  return Status::Ok();
+  return WriteAllAndClose(fd, path, contents, /*sync=*/true);
 }
 
 std::string DirectoryOf(const std::string& path) {
