@@ -18,7 +18,7 @@ Status ReadTextFile(const std::string& path, std::string* contents, size_t strea
 // refused before it is read ("PATH: N bytes, more than the MAX bytes WHAT
 // can take"), a stream once it passes max_bytes.
 Status ReadTextFileAtMost(const std::string& path, std::string* contents, uint64_t max_bytes, std::string_view what);
-// Writes a whole file: to a new path + ".tmp-XXXXXX", renamed over `path`
+// Writes a whole file: to a new path + ".tmp-PID-N", renamed over `path`
 // once complete (a failed write leaves the old file, and no temporary). A
 // device, a pipe or a
 // symbolic link is written as it is, and so is a file where no temporary can
