@@ -20,9 +20,8 @@ Status ReadTextFile(const std::string& path, std::string* contents, size_t strea
 Status ReadTextFileAtMost(const std::string& path, std::string* contents, uint64_t max_bytes, std::string_view what);
 // Writes a whole file: to a new path + ".tmp-PID-N", renamed over `path`
 // once complete (a failed write leaves the old file, and no temporary). A
-// device, a pipe or a
-// symbolic link is written as it is, and so is a file where no temporary can
-// be created beside it. The file standard output goes to is written through
+// device, a pipe or a symbolic link is written as it is, and so is a file
+// where no temporary can be created beside it. The file standard output goes to is written through
 // stdout, after what it already holds. Not fsynced (WriteFileAtomic is).
 Status WriteTextFile(const std::string& path, std::string_view contents);
 
