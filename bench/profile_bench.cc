@@ -16,6 +16,7 @@
 #include "bench/attention_bench.h"
 #include "bench/gemm_rate.h"
 #include "bench/median.h"
+#include "bench/oversubscribed.h"
 #include "bench/train_bench.h"
 #include "common/excerpt.h"
 #include "common/file_util.h"
@@ -143,13 +144,8 @@ bool RunProfileBench(const ProfileBenchOptions& o, std::string* error) {
   Status s = RunOnRanks(co, [&](Comm& comm) -> Status {
     const bool root = comm.rank() == 0;
     if (comm.size() < 2) return Status::InvalidArgument(TooFewRanks(comm.size()));
-    // The profile's devices are one core each; more local ranks than cores
-    // would time the wait for a core too.
-    const unsigned cores = std::thread::hardware_concurrency();
-    if (root && std::string_view(comm.backend()) == "local" && cores > 0 && unsigned(comm.size()) > cores)
-      fmt::print(stderr,
-                 "distca-bench profile: warning: {} local ranks on {} cores; the profile assumes a core per rank\n",
-                 comm.size(), cores);
+    // The profile's devices are one core each.
+    if (root) fmt::print(stderr, "{}", OversubscribedWarning(comm, "distca-bench profile"));
     TrainOptions base;
     base.model = model;
     base.steps = 3;  // the first of each run is a warm-up

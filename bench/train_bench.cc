@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/median.h"
+#include "bench/oversubscribed.h"
 #include "distca/train.h"
 
 namespace distca::bench {
@@ -124,6 +125,7 @@ bool RunTrainBench(const TrainBenchOptions& o, std::string* error) {
     if (comm.size() < 2)
       return Status::InvalidArgument(
           fmt::format("compares colocated and CAD attention across ranks: needs at least 2, got {}", comm.size()));
+    if (root) fmt::print(stderr, "{}", OversubscribedWarning(comm, "distca-bench train"));
     TrainOptions base;
     DISTCA_RETURN_IF_ERROR(ModelPreset(o.short_mode ? "tiny" : "small", &base.model));
     base.steps = steps;
