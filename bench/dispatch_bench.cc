@@ -8,6 +8,7 @@
 #include <random>
 #include <thread>
 
+#include "bench/bench_ranks.h"
 #include "bench/median.h"
 #include "common/file_util.h"
 #include "common/memory_info.h"
@@ -124,7 +125,7 @@ struct CaseResult {
 bool RunDispatchBench(const DispatchBenchOptions& o, std::string* error) {
   // One rank sends nothing: 0 bytes at 0 GB/s measures no link.
   if (ChosenBackend(CommOptions{}) == CommOptions::Backend::kLocal && o.local_ranks < 2) {
-    *error = fmt::format("needs at least 2 ranks to measure a link, got {}", o.local_ranks);
+    *error = TooFewRanks(o.local_ranks);
     return false;
   }
   std::vector<int64_t> pool;
@@ -167,6 +168,7 @@ bool RunDispatchBench(const DispatchBenchOptions& o, std::string* error) {
     }
   }
   s = RunOnRanks(co, [&](Comm& comm) -> Status {
+    if (comm.size() < 2) return Status::InvalidArgument(TooFewRanks(comm.size()));  // mpirun -np 1
     if (!local) DISTCA_RETURN_IF_ERROR(check_memory(comm.machine_ranks()));
     omp_set_num_threads(1);  // one thread per rank
     if (comm.rank() == 0) {

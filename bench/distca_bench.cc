@@ -20,7 +20,7 @@ namespace {
 
 // "distca-bench SUBCOMMAND: MESSAGE" (or "distca-bench: MESSAGE"), status 2.
 int Fail(const std::string& subcommand, const std::string& message) {
-  return distca::cli::Fail(subcommand.empty() ? "distca-bench" : ("distca-bench " + subcommand).c_str(), message);
+  return distca::cli::Fail(subcommand.empty() ? "distca-bench" : "distca-bench " + subcommand, message);
 }
 
 int Run(int argc, char** argv) {

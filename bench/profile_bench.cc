@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "bench/attention_bench.h"
+#include "bench/bench_ranks.h"
 #include "bench/gemm_rate.h"
 #include "bench/median.h"
-#include "bench/oversubscribed.h"
 #include "bench/train_bench.h"
 #include "common/excerpt.h"
 #include "common/file_util.h"
@@ -69,7 +69,6 @@ Status AloneOnRankZero(Comm& comm, const std::function<Status()>& measure) {
 }
 
 // Why a profile with fewer than 2 ranks cannot run.
-std::string TooFewRanks(int ranks) { return fmt::format("needs at least 2 ranks to measure a link, got {}", ranks); }
 
 struct MixResult {
   std::string name;

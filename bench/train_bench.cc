@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
+#include "bench/bench_ranks.h"
 #include "bench/median.h"
-#include "bench/oversubscribed.h"
 #include "distca/train.h"
 
 namespace distca::bench {

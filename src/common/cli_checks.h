@@ -138,7 +138,8 @@ inline std::string Reworded(const std::string& what) {
 inline bool Parse(CLI::App& app, int argc, char** argv, int* exit_code) {
   StrictNumbers(&app);
   // A flag takes no value: "--json=false" would set it false, and a tool
-  // that asks whether it was given would still see it.
+  // that asks whether it was given would still see it. (CLI11 still lets
+  // "--json=true" through, which means what "--json" does.)
   const std::function<void(CLI::App*)> no_flag_values = [&](CLI::App* a) {
     for (CLI::Option* o : a->get_options())
       if (o->get_expected_max() == 0) o->disable_flag_override();
@@ -184,8 +185,8 @@ inline std::string OutputOverInput(const std::vector<NamedPath>& outputs, const 
 
 // A tool's failure: "TOOL: MESSAGE" on stderr, long words shortened; the
 // status every tool gives bad input.
-inline int Fail(const char* tool, const std::string& message) {
-  std::fprintf(stderr, "%s: %s\n", tool, ShortenLongWords(message).c_str());
+inline int Fail(const std::string& tool, const std::string& message) {
+  std::fprintf(stderr, "%s: %s\n", tool.c_str(), ShortenLongWords(message).c_str());
   return 2;
 }
 

@@ -84,9 +84,11 @@ inline std::string Excerpt(std::string_view text, size_t max = 80) {
 }
 
 // `message` with every word (a run without spaces) longer than `max_word`
-// bytes cut to its start and "... (N bytes)": a tool's last line where a
-// library or CLI11 quoted a 100 KB value whole.
-inline std::string ShortenLongWords(std::string_view message, size_t max_word = 200) {
+// bytes cut to its first and last max_word / 2 bytes around "... (N
+// bytes) ...": a tool's last line where a library or CLI11 quoted a 100 KB
+// value whole. A long path keeps its file name. No UTF-8 character is cut.
+inline std::string ShortenLongWords(std::string_view message, size_t max_word = 1024) {
+  const auto continuation = [](char c) { return (static_cast<unsigned char>(c) & 0xc0) == 0x80; };
   std::string out;
   size_t i = 0;
   while (i < message.size()) {
@@ -95,9 +97,12 @@ inline std::string ShortenLongWords(std::string_view message, size_t max_word = 
     if (word.size() <= max_word) {
       out.append(word);
     } else {
-      size_t keep = max_word;  // not inside a UTF-8 character
-      while (keep > 0 && (static_cast<unsigned char>(word[keep]) & 0xc0) == 0x80) --keep;
-      out.append(word.substr(0, keep)).append("... (" + std::to_string(word.size()) + " bytes)");
+      size_t head = max_word / 2, tail = word.size() - max_word / 2;
+      while (head > 0 && continuation(word[head])) --head;
+      while (tail < word.size() && continuation(word[tail])) ++tail;
+      out.append(word.substr(0, head))
+          .append("... (" + std::to_string(word.size()) + " bytes) ...")
+          .append(word.substr(tail));
     }
     if (end < message.size()) out += ' ';
     i = end + 1;

@@ -18,7 +18,11 @@
 
 namespace distca {
 
-Status ReadTextFile(const std::string& path, std::string* contents, size_t stream_limit) {
+namespace {
+
+// A whole file (see ReadTextFile); `text` refuses a stream at its first NUL
+// byte.
+Status ReadWholeFile(const std::string& path, std::string* contents, size_t stream_limit, bool text) {
   // POSIX reads, so that every failure is seen (a stream's rdbuf copy swallows
   // read errors: a directory would read as an empty file).
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -48,7 +52,7 @@ Status ReadTextFile(const std::string& path, std::string* contents, size_t strea
     }
     // A stream may never end (/dev/zero, /dev/urandom): a NUL byte, which no
     // text holds, refuses it at once rather than after stream_limit bytes.
-    if (!regular && std::memchr(buf, 0, static_cast<size_t>(n)) != nullptr) {
+    if (text && !regular && std::memchr(buf, 0, static_cast<size_t>(n)) != nullptr) {
       ::close(fd);
       return Status::InvalidArgument("'" + path + "' is not a regular file and gives a NUL byte: not a text file");
     }
@@ -64,7 +68,9 @@ Status ReadTextFile(const std::string& path, std::string* contents, size_t strea
   return Status::Ok();
 }
 
-Status ReadTextFileAtMost(const std::string& path, std::string* contents, uint64_t max_bytes, std::string_view what) {
+// ReadWholeFile of at most max_bytes.
+Status ReadWholeFileAtMost(const std::string& path, std::string* contents, uint64_t max_bytes, std::string_view what,
+                           bool text) {
   std::error_code ec;
   if (std::filesystem::is_regular_file(path, ec)) {
     const uintmax_t size = std::filesystem::file_size(path, ec);
@@ -72,23 +78,39 @@ Status ReadTextFileAtMost(const std::string& path, std::string* contents, uint64
       return Status::InvalidArgument(path + ": " + std::to_string(size) + " bytes, more than the " +
                                      std::to_string(max_bytes) + " bytes " + std::string(what) + " can take");
   }
-  return ReadTextFile(path, contents, static_cast<size_t>(std::min<uint64_t>(max_bytes, kMaxStreamReadBytes)));
+  return ReadWholeFile(path, contents, static_cast<size_t>(std::min<uint64_t>(max_bytes, kMaxStreamReadBytes)), text);
+}
+
+}  // namespace
+
+Status ReadTextFile(const std::string& path, std::string* contents, size_t stream_limit) {
+  return ReadWholeFile(path, contents, stream_limit, /*text=*/true);
+}
+
+Status ReadTextFileAtMost(const std::string& path, std::string* contents, uint64_t max_bytes, std::string_view what) {
+  return ReadWholeFileAtMost(path, contents, max_bytes, what, /*text=*/true);
+}
+
+Status ReadBinaryFileAtMost(const std::string& path, std::string* contents, uint64_t max_bytes, std::string_view what) {
+  return ReadWholeFileAtMost(path, contents, max_bytes, what, /*text=*/false);
 }
 
 bool SameFile(const std::string& a, const std::string& b) {
   std::error_code ec;
   if (std::filesystem::equivalent(a, b, ec) && !ec) return true;
-  const std::filesystem::path pa = std::filesystem::weakly_canonical(a, ec);
+  // Absolute first: weakly_canonical leaves a relative path with no
+  // existing part relative ("t.json" against "$PWD/t.json").
+  const std::filesystem::path pa = std::filesystem::weakly_canonical(std::filesystem::absolute(a, ec), ec);
   if (ec) return false;
-  const std::filesystem::path pb = std::filesystem::weakly_canonical(b, ec);
+  const std::filesystem::path pb = std::filesystem::weakly_canonical(std::filesystem::absolute(b, ec), ec);
   return !ec && pa == pb;
 }
 
 bool IsSameOrInside(const std::string& path, const std::string& dir) {
   std::error_code ec;
-  const std::filesystem::path p = std::filesystem::weakly_canonical(path, ec);
+  const std::filesystem::path p = std::filesystem::weakly_canonical(std::filesystem::absolute(path, ec), ec);
   if (ec) return false;
-  const std::filesystem::path d = std::filesystem::weakly_canonical(dir, ec);
+  const std::filesystem::path d = std::filesystem::weakly_canonical(std::filesystem::absolute(dir, ec), ec);
   if (ec) return false;
   // (A path that does not exist keeps a trailing separator as an empty last
   // element.)
@@ -185,9 +207,15 @@ Status WriteTextFile(const std::string& path, std::string_view contents) {
     fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (fd < 0 && errno != EEXIST) break;
   }
-  // No temporary can be made beside it (a directory this user cannot write,
-  // holding a file it can): write in place.
-  if (fd < 0) return WriteInPlace(path, contents);
+  if (fd < 0) {
+    const int err = errno;
+    // No temporary may be made beside it (a directory this user cannot
+    // write, holding a file it can): write in place. Any other failure (no
+    // space, no inodes, a name too long) would fail there too, after
+    // truncating the old file: reported instead.
+    if (err == EACCES || err == EPERM) return WriteInPlace(path, contents);
+    return Status::IoError("cannot create '" + tmp + "': " + std::strerror(err)).WithContext("writing '" + path + "'");
+  }
   DISTCA_RETURN_IF_ERROR(WriteAllAndClose(fd, tmp, contents, /*sync=*/false).WithContext("writing '" + path + "'"));
   return RenameOver(tmp, path);
 }
@@ -232,7 +260,8 @@ Status CheckOutputPath(const std::string& path) {
   if (fd < 0)
     return Status::IoError("cannot write '" + path + "': '" + dir + "' is not writable: " + std::strerror(errno));
   ::close(fd);
-  ::unlink(probe.c_str());
+  if (::unlink(probe.c_str()) != 0)
+    return Status::IoError("cannot remove the probe file '" + probe + "': " + std::strerror(errno));
   return Status::Ok();
 }
 

@@ -17,7 +17,11 @@ Status ReadTextFile(const std::string& path, std::string* contents, size_t strea
 // ReadTextFile for a file of at most max_bytes: a larger regular file is
 // refused before it is read ("PATH: N bytes, more than the MAX bytes WHAT
 // can take"), a stream once it passes max_bytes.
+// A stream that gives a NUL byte, which no text holds, is refused at once
+// (both readers of text).
 Status ReadTextFileAtMost(const std::string& path, std::string* contents, uint64_t max_bytes, std::string_view what);
+// ReadTextFileAtMost for binary contents (NUL bytes allowed).
+Status ReadBinaryFileAtMost(const std::string& path, std::string* contents, uint64_t max_bytes, std::string_view what);
 // Writes a whole file: to a new path + ".tmp-PID-N", renamed over `path`
 // once complete (a failed write leaves the old file, and no temporary). A
 // device, a pipe or a symbolic link is written as it is, and so is a file

@@ -223,7 +223,10 @@ Status ApplyOverride(const std::string& spec, json* root) {
       node = &(*node)[index];
     } else {
       std::string shown = node->dump();  // a long one by its kind and size
-      if (shown.size() > 80) shown = fmt::format("a {} of {} bytes", node->type_name(), shown.size());
+      if (shown.size() > 80) {
+        const std::string kind = node->type_name();  // "string", "array", "object"
+        shown = fmt::format("{} {} of {} bytes", kind[0] == 'a' || kind[0] == 'o' ? "an" : "a", kind, shown.size());
+      }
       return Status::InvalidArgument(
           fmt::format("{}: \"{}\" is {}, which has no fields", what, path.substr(0, start - 1), shown));
     }

@@ -157,7 +157,7 @@ Status ReadSafetensors(const std::string& path, SafetensorsFile* file, uint64_t 
   // /dev/zero) is refused before it is read whole into memory.
   const uint64_t max_bytes = 8 + kMaxHeaderBytes + std::min(max_data_bytes, uint64_t{1} << 62);
   std::string bytes;
-  DISTCA_RETURN_IF_ERROR(ReadTextFileAtMost(path, &bytes, max_bytes, "a header and this model's tensors"));
+  DISTCA_RETURN_IF_ERROR(ReadBinaryFileAtMost(path, &bytes, max_bytes, "a header and this model's tensors"));
   if (bytes.size() < 8) return Status::InvalidArgument(path + ": too short for a safetensors header");
   uint64_t head_size = 0;
   std::memcpy(&head_size, bytes.data(), 8);

@@ -252,7 +252,9 @@ Status CheckMemory(const Comm& comm, const TrainOptions& o, int64_t tokens_per_r
   const double state = 16.0 * double(params);
   const double h = m.hidden, D = m.head_dim(), ffn = m.ffn_hidden, Hq = m.q_heads, Hkv = m.kv_heads;
   const bool cad = o.attention == AttentionMode::kCad;
-  const bool cached = cad && o.backward == BackwardMode::kCached;
+  // The dispatcher keeps the servers' copies in the cached backward with
+  // any plan (--compare runs a colocated variant in that mode too).
+  const bool cached = o.backward == BackwardMode::kCached;
   const double per_token_layer =
       5.0 * h + 2.0 * Hq * D + 2.0 * Hkv * D + 2.0 * ffn + Hq + 2.0 + (cached ? Hq * D + 2.0 * Hkv * D + Hq : 0.0);
   const double per_token = double(m.num_layers) * per_token_layer + 2.0 * h + D + 2.0 * Hq * D + 2.0 * Hkv * D;

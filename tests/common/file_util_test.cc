@@ -76,8 +76,13 @@ TEST(FileUtilTest, ReadAtMostAndPathsCompared) {
   EXPECT_EQ(got, "0123456789");
   const Status big = ReadTextFileAtMost(a, &got, 9, "a test");
   EXPECT_EQ(big.message(), a + ": 10 bytes, more than the 9 bytes a test can take") << big.ToString();
-  EXPECT_EQ(ReadTextFileAtMost("/dev/zero", &got, 1 << 20, "a test").code(),
-            StatusCode::kInvalidArgument);  // a NUL byte
+  // A stream giving a NUL byte is no text; binary contents may hold NUL
+  // bytes, and a stream stops at the limit only.
+  EXPECT_EQ(ReadTextFileAtMost("/dev/zero", &got, 1 << 20, "a test").code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ReadBinaryFileAtMost("/dev/zero", &got, 1 << 20, "a test").code(), StatusCode::kOutOfRange);
+  // A relative name is the same file as its absolute form, existing or not.
+  EXPECT_TRUE(SameFile("no-such-file.json", (std::filesystem::current_path() / "no-such-file.json").string()));
+  EXPECT_TRUE(SameFile("./no-such-file.json", "no-such-file.json"));
   EXPECT_TRUE(SameFile(a, (dir / "sub" / ".." / "a.txt").string()));
   EXPECT_TRUE(SameFile((dir / "new.txt").string(), (dir / "." / "new.txt").string()));  // neither exists
   EXPECT_FALSE(SameFile(a, (dir / "new.txt").string()));

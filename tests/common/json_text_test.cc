@@ -72,10 +72,10 @@ TEST(JsonTextTest, MessagesQuoteLongInputInPart) {
   EXPECT_TRUE(IsWellFormedUtf8("caf\xc3\xa9"));
   EXPECT_FALSE(IsWellFormedUtf8("caf\xc3"));
   EXPECT_FALSE(IsWellFormedUtf8("\xff.json"));
-  // A tool's message: each word past the limit cut, spaces kept, no UTF-8
-  // character cut in two.
-  EXPECT_EQ(ShortenLongWords("unknown 'abcdefgh'  x ", 8), "unknown 'abcdefg... (10 bytes)  x ");
-  EXPECT_EQ(ShortenLongWords("\xc3\xa9\xc3\xa9\xc3\xa9", 3), "\xc3\xa9... (6 bytes)");
+  // A tool's message: each word past the limit cut to its head and tail,
+  // spaces kept, no UTF-8 character cut in two.
+  EXPECT_EQ(ShortenLongWords("unknown '/a/b/cdefg.json'  x ", 8), "unknown '/a/... (17 bytes) ...son'  x ");
+  EXPECT_EQ(ShortenLongWords("\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9", 6), "\xc3\xa9... (8 bytes) ...\xc3\xa9");
   EXPECT_EQ(ShortenLongWords("short words stay", 5), "short words stay");
   // A key with an escaped NUL is quoted whole.
   EXPECT_EQ(Why(R"({"k\u0000": 1, "k\u0000": 2})"),

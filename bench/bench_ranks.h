@@ -1,5 +1,5 @@
-// Local ranks that outnumber this machine's cores: the benchmarks' times then
-// include each rank's wait for a core, and say so.
+// The ranks a benchmark runs on: too few to measure a link, or more local
+// ranks than this machine's cores (times then include waits for a core).
 #pragma once
 
 #include <fmt/format.h>
@@ -11,6 +11,11 @@
 #include "distca/comm.h"
 
 namespace distca::bench {
+
+// The benchmarks that measure traffic between ranks need two.
+inline std::string TooFewRanks(int ranks) {
+  return fmt::format("needs at least 2 ranks to measure a link, got {}", ranks);
+}
 
 // "" unless `comm` runs more local ranks than this machine has cores; then
 // a warning line for `tool` ("distca-bench train"), ending in a newline.
