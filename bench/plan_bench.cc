@@ -49,23 +49,24 @@ bool RunPlanBench(const PlanBenchOptions& o, std::string* error) {
   // At most the simulator's documents per batch (kMaxSimBatchDocuments):
   // both policies plan each of them, and a pool of one-token documents made
   // batches of 16M at 512 ranks, 6 GB and minutes before any line printed.
-  // Batches of the pool's mean length, at the largest rank count, are
-  // refused before anything prints; each batch is checked again once sampled.
-  {
+  // Batches of the pool's mean length are refused before anything prints,
+  // and so is a recipe that leaves a run no documents (each run samples
+  // with its own seed, so its filter keeps other documents); each batch is
+  // checked again once sampled.
+  for (const auto& [ranks, count] : ranks_and_batches) {
     std::vector<int64_t> docs;
-    const int most_ranks = std::max_element(ranks_and_batches.begin(), ranks_and_batches.end())->first;
-    recipe.seed = o.seed + uint64_t(most_ranks);  // as that run samples
+    recipe.seed = o.seed + uint64_t(ranks);  // as that run samples
     if (s = RecipeDocuments(pool, recipe, &docs); !s.ok()) {
-      *error = s.ToString();
+      *error = fmt::format("{}: the run on {} ranks: {}", o.lengths_file, ranks, s.ToString());
       return false;
     }
     const double mean = double(std::accumulate(docs.begin(), docs.end(), int64_t{0})) / double(docs.size());
-    const double per_batch = double(most_ranks) * double(tokens_per_rank) / mean;
+    const double per_batch = double(ranks) * double(tokens_per_rank) / mean;
     if (per_batch > double(kMaxSimBatchDocuments)) {
       *error = fmt::format(
           "{}: documents of {:.3g} tokens on average (after the recipe) make batches of about {:.3g} documents at {} "
           "ranks, above the limit of {}: use a pool of longer documents",
-          o.lengths_file, mean, per_batch, most_ranks, kMaxSimBatchDocuments);
+          o.lengths_file, mean, per_batch, ranks, kMaxSimBatchDocuments);
       return false;
     }
   }
