@@ -165,6 +165,20 @@ Status WriteAllAndClose(int fd, const std::string& path, std::string_view conten
   return Status::Ok();
 }
 
+// Opens a new file path + ".tmp-PID-N" for writing, created exclusively
+// (O_EXCL: nothing already there is followed, replaced or waited on, as a
+// fixed path + ".tmp" was), mode 0666 under the umask; its name in *tmp.
+// -1 with errno set when it cannot.
+int CreateStagingFile(const std::string& path, std::string* tmp) {
+  static std::atomic<uint64_t> next{0};
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    *tmp = path + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(next++);
+    const int fd = ::open(tmp->c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd >= 0 || errno != EEXIST) return fd;
+  }
+  return -1;  // errno: EEXIST
+}
+
 // Renames a complete temporary over `path`; on failure the temporary goes.
 Status RenameOver(const std::string& tmp, const std::string& path) {
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
@@ -196,17 +210,10 @@ Status WriteTextFile(const std::string& path, std::string_view contents) {
   // A device, a pipe or a link (/dev/stdout is one) is written as it is: a
   // rename would replace the link, not what it points to.
   if (!ec && std::filesystem::exists(st) && !std::filesystem::is_regular_file(st)) return WriteInPlace(path, contents);
-  // Staged under a name of its own (path + ".tmp-PID-N"): a fixed
-  // path + ".tmp" replaced whatever file of the user's had that name.
-  // Created with mode 0666, which the umask trims as for any new file.
-  static std::atomic<uint64_t> next{0};
+  // Staged under a name of its own: a fixed path + ".tmp" replaced
+  // whatever file of the user's had that name.
   std::string tmp;
-  int fd = -1;
-  for (int attempt = 0; attempt < 100 && fd < 0; ++attempt) {
-    tmp = path + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(next++);
-    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-    if (fd < 0 && errno != EEXIST) break;
-  }
+  const int fd = CreateStagingFile(path, &tmp);
   if (fd < 0) {
     const int err = errno;
     // No temporary may be made beside it (a directory this user cannot
@@ -228,6 +235,12 @@ Status SyncDirectory(const std::string& dir) {
   ::close(fd);
   if (rc != 0) return Status::IoError("fsync of directory '" + dir + "' failed: " + std::strerror(err));
   return Status::Ok();
+}
+
+Status WriteStagedSynced(const std::string& path, std::string_view contents, std::string* staged) {
+  const int fd = CreateStagingFile(path, staged);
+  if (fd < 0) return Status::IoError("cannot create '" + *staged + "': " + std::strerror(errno));
+  return WriteAllAndClose(fd, *staged, contents, /*sync=*/true);
 }
 
 Status WriteFileSynced(const std::string& path, std::string_view contents) {

@@ -39,6 +39,11 @@ std::string StagingPathOf(const std::string& path);
 // write and fsync `path` (removed again on failure); the directory holding
 // `path` ("." for a bare name).
 Status WriteFileSynced(const std::string& path, std::string_view contents);
+// Writes and fsyncs `contents` to a new file beside `path`, path +
+// ".tmp-PID-N", created exclusively (a file, link or FIFO already at a fixed
+// staging name was written through, replaced or waited on); its name in
+// *staged. On failure nothing is left.
+Status WriteStagedSynced(const std::string& path, std::string_view contents, std::string* staged);
 std::string DirectoryOf(const std::string& path);
 // Whether a file can be written at `path` (an existing file that is not a
 // directory, or a new one in a writable directory): checked before a long run

@@ -354,9 +354,9 @@ Status WriteIndexedDataset(const std::string& prefix, const std::vector<std::vec
   // well fit it and open), and a crash between the renames leaves no .idx,
   // which fails to open.
   const std::string bin_path = prefix + ".bin", idx_path = prefix + ".idx";
-  const std::string bin_tmp = bin_path + ".tmp", idx_tmp = idx_path + ".tmp";
-  DISTCA_RETURN_IF_ERROR(WriteFileSynced(bin_tmp, bin));
-  if (Status s = WriteFileSynced(idx_tmp, idx); !s.ok()) {
+  std::string bin_tmp, idx_tmp;
+  DISTCA_RETURN_IF_ERROR(WriteStagedSynced(bin_path, bin, &bin_tmp));
+  if (Status s = WriteStagedSynced(idx_path, idx, &idx_tmp); !s.ok()) {
     std::remove(bin_tmp.c_str());
     return s;
   }

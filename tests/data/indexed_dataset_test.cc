@@ -1,8 +1,10 @@
 // Megatron indexed datasets: write/read round trips, hand-built indexes with
 // several sequences per document, and corrupted files.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 
@@ -55,6 +57,14 @@ std::string ReadFile(const std::string& path) {
   return s;
 }
 
+// Staging files (NAME.tmp-PID-N) left in `dir`.
+int StagingFiles(const std::filesystem::path& dir) {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    n += e.path().filename().string().find(".tmp") != std::string::npos;
+  return n;
+}
+
 TEST(IndexedDatasetTest, RoundTripsUint16AndInt32) {
   ScratchDir dir;
   const std::vector<std::vector<int32_t>> small{{1, 2, 3}, {65535}, {}, {0, 0, 40000, 7}};
@@ -64,7 +74,7 @@ TEST(IndexedDatasetTest, RoundTripsUint16AndInt32) {
     SCOPED_TRACE(name);
     const std::string prefix = dir / name;
     ASSERT_TRUE(WriteIndexedDataset(prefix, docs).ok());
-    EXPECT_FALSE(std::filesystem::exists(prefix + ".bin.tmp"));
+    EXPECT_EQ(StagingFiles(dir.path()), 0);
     const std::string idx = ReadFile(prefix + ".idx");
     ASSERT_GE(idx.size(), 34u);
     EXPECT_EQ(idx.substr(0, 9), std::string("MMIDIDX\0\0", 9));
@@ -220,25 +230,37 @@ TEST(IndexedDatasetTest, WriterRejectsNegativeIdsAndMissingDirectories) {
 }
 
 // Rewriting a dataset: a failure before the new pair is complete leaves the
-// old pair as it was (here the .idx cannot be written: its temporary name is
-// taken by a directory), and a rewrite that succeeds leaves only the new pair.
+// old pair as it was (here the .idx cannot be written: the process may not
+// write files past 40 bytes, which the new .bin's 16 fit), and a rewrite that
+// succeeds leaves only the new pair. A file of the user's at a name a fixed
+// staging scheme would take (ds.bin.tmp) is left alone.
 TEST(IndexedDatasetTest, AFailedRewriteLeavesTheOldPair) {
   ScratchDir dir;
   const std::string prefix = dir / "ds";
   const std::vector<std::vector<int32_t>> old_docs{{1, 2, 3, 4}, {5, 6, 7, 8}}, new_docs{{9, 9, 9, 9, 9, 9, 9, 9}};
   ASSERT_TRUE(WriteIndexedDataset(prefix, old_docs).ok());
-  std::filesystem::create_directory(prefix + ".idx.tmp");
-  EXPECT_TRUE(Contains(WriteIndexedDataset(prefix, new_docs), "ds.idx.tmp"));
-  EXPECT_FALSE(std::filesystem::exists(prefix + ".bin.tmp"));
+  rlimit saved{};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &saved), 0);
+  const auto previous = std::signal(SIGXFSZ, SIG_IGN);
+  rlimit small = saved;
+  small.rlim_cur = 40;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  const Status failed = WriteIndexedDataset(prefix, new_docs);
+  ::setrlimit(RLIMIT_FSIZE, &saved);
+  std::signal(SIGXFSZ, previous);
+  EXPECT_TRUE(Contains(failed, "ds.idx.tmp-")) << failed.ToString();
+  EXPECT_TRUE(Contains(failed, "File too large")) << failed.ToString();
+  EXPECT_EQ(StagingFiles(dir.path()), 0);
   std::unique_ptr<DocumentSource> source;
   ASSERT_TRUE(OpenIndexedDataset(prefix, 16, &source).ok());
   ASSERT_EQ(source->num_documents(), 2);
   EXPECT_EQ(ReadAll(*source, 1), old_docs[1]);
 
-  std::filesystem::remove(prefix + ".idx.tmp");
+  ASSERT_TRUE(WriteTextFile(prefix + ".bin.tmp", "precious").ok());
   ASSERT_TRUE(WriteIndexedDataset(prefix, new_docs).ok());
-  EXPECT_FALSE(std::filesystem::exists(prefix + ".bin.tmp"));
-  EXPECT_FALSE(std::filesystem::exists(prefix + ".idx.tmp"));
+  EXPECT_EQ(ReadFile(prefix + ".bin.tmp"), "precious");
+  std::filesystem::remove(prefix + ".bin.tmp");
+  EXPECT_EQ(StagingFiles(dir.path()), 0);
   ASSERT_TRUE(OpenIndexedDataset(prefix, 16, &source).ok());
   ASSERT_EQ(source->num_documents(), 1);
   EXPECT_EQ(ReadAll(*source, 0), new_docs[0]);
