@@ -39,6 +39,12 @@ int Run(int argc, char** argv) {
     return Fail(fmt::format("--output '{}' names no file: give a prefix such as DIR/corpus", output));
   if (distca::IsSameOrInside(std::filesystem::absolute(prefix).parent_path().string(), input))
     return Fail(fmt::format("--output '{}' is inside --input '{}': its files would become documents", output, input));
+  // "--output corpus.bin" would write corpus.bin.bin and corpus.bin.idx.
+  if (const std::string ext = prefix.extension().string(); ext == ".bin" || ext == ".idx")
+    return Fail(fmt::format("--output '{}' is a prefix: {}.bin and {}.idx are written; drop '{}'", output, output,
+                            output, ext));
+  if (app.count("--glob") > 0 && glob.empty())
+    return Fail("--glob: the pattern is empty (leave it out for every file)");
 
   std::unique_ptr<distca::DocumentSource> source;
   distca::Status s = distca::OpenTextDirectory(input, glob, &source);

@@ -57,6 +57,12 @@ std::string OutputClash(const Args& a, const distca::TrainOptions& t) {
   }
   if (std::string clash = distca::cli::OutputOverInput(outputs, files); !clash.empty()) return clash;
   const std::string corpus = spec("text:");
+  // A checkpoint in the corpus: its files become documents, and a resumed
+  // run trains on other data (its own weights among them).
+  for (const auto& [flag, dir] : {std::pair{"--save", t.save_dir}, std::pair{"--load", t.load_dir}})
+    if (!corpus.empty() && !dir.empty() && distca::IsSameOrInside(dir, corpus))
+      return fmt::format("{} {} lies in the --data corpus ({}): the checkpoint's files would be documents", flag, dir,
+                         corpus);
   for (const auto& [flag, out] : outputs) {
     if (out.empty()) continue;
     if (!corpus.empty() && distca::IsSameOrInside(out, corpus))
@@ -253,6 +259,8 @@ int Run(int argc, char** argv) {
   if (!s.ok()) return Fail(s.message());
   if (a.data.empty() == a.docs_file.empty()) return Fail("give exactly one of --data and --docs-file");
   t.data.spec = a.data;
+  if (app.count("--data-glob") > 0 && a.data_glob.empty())
+    return Fail("--data-glob: the pattern is empty (leave it out for every file)");
   t.data.glob = a.data_glob;
   t.data.docs_file = a.docs_file;
   // Read once, here: every rank (threads of this process) and both --compare

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 
 #include "common/file_util.h"
@@ -354,6 +355,13 @@ Status WriteIndexedDataset(const std::string& prefix, const std::vector<std::vec
   // well fit it and open), and a crash between the renames leaves no .idx,
   // which fails to open.
   const std::string bin_path = prefix + ".bin", idx_path = prefix + ".idx";
+  // A directory at either name would fail the renames only after the old
+  // index is gone.
+  for (const std::string& path : {bin_path, idx_path}) {
+    std::error_code ec;
+    if (std::filesystem::is_directory(path, ec))
+      return Status::IoError(fmt::format("cannot write '{}': it is a directory", path));
+  }
   std::string bin_tmp, idx_tmp;
   DISTCA_RETURN_IF_ERROR(WriteStagedSynced(bin_path, bin, &bin_tmp));
   if (Status s = WriteStagedSynced(idx_path, idx, &idx_tmp); !s.ok()) {
