@@ -2,7 +2,6 @@
 #include "common/file_util.h"
 
 #include <gtest/gtest.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <csignal>
@@ -10,6 +9,8 @@
 #include <filesystem>
 #include <string>
 #include <thread>
+
+#include "common/file_size_limit.h"
 
 namespace distca {
 namespace {
@@ -102,15 +103,7 @@ TEST(FileUtilTest, AFailedWriteLeavesTheOldFile) {
   std::filesystem::create_directories(dir);
   const std::string path = (dir / "out.json").string();
   ASSERT_TRUE(WriteTextFile(path, "old").ok());
-  rlimit saved{};
-  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &saved), 0);
-  const auto previous = std::signal(SIGXFSZ, SIG_IGN);
-  rlimit small = saved;
-  small.rlim_cur = 4096;
-  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
-  const Status s = WriteTextFile(path, std::string(100000, 'x'));
-  ::setrlimit(RLIMIT_FSIZE, &saved);
-  std::signal(SIGXFSZ, previous);
+  const Status s = testing::WithFileSizeLimit(4096, [&] { return WriteTextFile(path, std::string(100000, 'x')); });
   EXPECT_EQ(s.code(), StatusCode::kIoError) << s.ToString();
   EXPECT_NE(s.message().find("error while writing '" + path + ".tmp-"), std::string::npos) << s.ToString();
   EXPECT_NE(s.message().find("File too large"), std::string::npos) << s.ToString();

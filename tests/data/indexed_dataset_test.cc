@@ -1,13 +1,12 @@
 // Megatron indexed datasets: write/read round trips, hand-built indexes with
 // several sequences per document, and corrupted files.
 #include <gtest/gtest.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
 
-#include <csignal>
 #include <cstring>
 #include <filesystem>
 
+#include "common/file_size_limit.h"
 #include "common/file_util.h"
 #include "data/data_testing.h"
 #include "distca/dataset.h"
@@ -239,15 +238,7 @@ TEST(IndexedDatasetTest, AFailedRewriteLeavesTheOldPair) {
   const std::string prefix = dir / "ds";
   const std::vector<std::vector<int32_t>> old_docs{{1, 2, 3, 4}, {5, 6, 7, 8}}, new_docs{{9, 9, 9, 9, 9, 9, 9, 9}};
   ASSERT_TRUE(WriteIndexedDataset(prefix, old_docs).ok());
-  rlimit saved{};
-  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &saved), 0);
-  const auto previous = std::signal(SIGXFSZ, SIG_IGN);
-  rlimit small = saved;
-  small.rlim_cur = 40;
-  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
-  const Status failed = WriteIndexedDataset(prefix, new_docs);
-  ::setrlimit(RLIMIT_FSIZE, &saved);
-  std::signal(SIGXFSZ, previous);
+  const Status failed = testing::WithFileSizeLimit(40, [&] { return WriteIndexedDataset(prefix, new_docs); });
   EXPECT_TRUE(Contains(failed, "ds.idx.tmp-")) << failed.ToString();
   EXPECT_TRUE(Contains(failed, "File too large")) << failed.ToString();
   EXPECT_EQ(StagingFiles(dir.path()), 0);
