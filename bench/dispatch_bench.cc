@@ -186,7 +186,10 @@ bool RunDispatchBench(const DispatchBenchOptions& o, std::string* error) {
       std::vector<std::vector<int64_t>> sampled;
       DISTCA_RETURN_IF_ERROR(SampleBatches(pool, r, 1, &sampled));
       std::vector<std::vector<int>> nano_docs;
-      DISTCA_RETURN_IF_ERROR(SplitNanoBatches(sampled[0], 2, &nano_docs));
+      DISTCA_RETURN_IF_ERROR(SplitNanoBatches(sampled[0], 2, &nano_docs)
+                                 .WithContext(fmt::format("batch {} of {} tokens from {} (ping-pong needs two "
+                                                          "documents a batch; the pool's may be longer than a batch)",
+                                                          b, r.tokens_per_batch, o.lengths_file)));
       PlanOptions po;
       po.ranks = comm.size();
       po.model = {.q_heads = kHq, .kv_heads = kHkv, .head_dim = kDim, .dtype_bytes = 4};
