@@ -68,8 +68,6 @@ Status AloneOnRankZero(Comm& comm, const std::function<Status()>& measure) {
   return done.Wait();
 }
 
-// Why a profile with fewer than 2 ranks cannot run.
-
 struct MixResult {
   std::string name;
   double colocated_s = 0, cad_s = 0;                      // measured medians

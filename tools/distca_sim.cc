@@ -222,9 +222,10 @@ int RunGrid(const Args& a, const std::vector<int64_t>& pool, const std::vector<d
   Status s = distca::PaperGrid(a.paper_grid, &points, a.grid_recipe);
   if (!s.ok()) return Fail(s.message());
   const std::string grid = "grid_" + a.paper_grid;
-  // (WriteFileAtomic stages the CSVs under NAME.tmp.)
-  if (const int rc = MakeOutDir(a.out_dir, {grid + ".csv", grid + ".csv.tmp", grid + ".gp", grid + ".partial.csv",
-                                            grid + ".partial.csv.tmp", "speedup_" + a.paper_grid + ".png"});
+  // With the names WriteFileAtomic stages the CSVs under.
+  if (const int rc = MakeOutDir(
+          a.out_dir, {grid + ".csv", distca::StagingPathOf(grid + ".csv"), grid + ".gp", grid + ".partial.csv",
+                      distca::StagingPathOf(grid + ".partial.csv"), "speedup_" + a.paper_grid + ".png"});
       rc != 0)
     return rc;
   distca::WallTimer timer;

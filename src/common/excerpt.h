@@ -66,10 +66,7 @@ inline std::string Excerpt(std::string_view text, size_t max = 80) {
       out += '\\';
       out += static_cast<char>(c);
       ++i;
-    } else if (c < 0x20 || c == 0x7f) {
-      escape(c);
-      ++i;
-    } else if (const size_t n = Utf8SequenceLength(text.substr(i)); n == 0) {
+    } else if (const size_t n = Utf8SequenceLength(text.substr(i)); c < 0x20 || c == 0x7f || n == 0) {
       escape(c);
       ++i;
     } else if (i + n > max) {

@@ -165,6 +165,14 @@ Status WriteAllAndClose(int fd, const std::string& path, std::string_view conten
   return Status::Ok();
 }
 
+// Writes and fsyncs `path` (removed again on failure): WriteFileAtomic's
+// staging file.
+Status WriteFileSynced(const std::string& path, std::string_view contents) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Status::IoError("cannot create '" + path + "': " + std::strerror(errno));
+  return WriteAllAndClose(fd, path, contents, /*sync=*/true);
+}
+
 // Opens a new file path + ".tmp-PID-N" for writing, created exclusively
 // (O_EXCL: nothing already there is followed, replaced or waited on, as a
 // fixed path + ".tmp" was), mode 0666 under the umask; its name in *tmp.
@@ -241,12 +249,6 @@ Status WriteStagedSynced(const std::string& path, std::string_view contents, std
   const int fd = CreateStagingFile(path, staged);
   if (fd < 0) return Status::IoError("cannot create '" + *staged + "': " + std::strerror(errno));
   return WriteAllAndClose(fd, *staged, contents, /*sync=*/true);
-}
-
-Status WriteFileSynced(const std::string& path, std::string_view contents) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return Status::IoError("cannot create '" + path + "': " + std::strerror(errno));
-  return WriteAllAndClose(fd, path, contents, /*sync=*/true);
 }
 
 std::string DirectoryOf(const std::string& path) {
