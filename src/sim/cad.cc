@@ -416,7 +416,10 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
         }
         for (int r = 0; r < total_ranks; ++r) {
           const double with = compute_of(r, true), without = compute_of(r, false);
-          o.busy_s[r] += without;
+          // Busy: the useful compute, or the rank's own transfer where that
+          // is longer (it runs alongside); waiting for a slower peer's
+          // transfer is idle, as is the dummy work.
+          o.busy_s[r] += std::max(without, comm_of(r));
           o.bubble_work_s += with - without;
           clock[r] += with;
           if (comm_of(r) > 0) clock[r] = std::max(clock[r], ready + transfer);

@@ -714,6 +714,15 @@ TEST(ColocatedTest, EachExchangeCarriesItsOwnBytes) {
   EXPECT_NEAR(r.breakdown.backward_comm_s, backward, backward * kRel);
   // Per layer: (65536 + 65536 + 131072) B.
   EXPECT_DOUBLE_EQ(r.bytes_moved, 2 * 262144.0);
+  // Idle is waiting for another rank, not a rank's own transfers (busy, as
+  // the baselines' rings are): rank 1 never waits, and rank 0 waits only for
+  // rank 1's longer attention (512 rows over a 1024 prefix against 512 over
+  // 512), forward and backward, in each of the 2 layers.
+  const sim::RankCosts k(o.model, o.hardware, o.tp);
+  const double extra = k.AttentionForward(512, 1024) - k.AttentionForward(0, 512);
+  const double waited = 2 * (extra + (k.AttentionBackward(512, 1024) - k.AttentionBackward(0, 512)));
+  ASSERT_GT(waited, 0.0);
+  EXPECT_NEAR(r.idle_fraction, waited / (2 * r.iteration_s), 1e-9);
 }
 
 TEST(ColocatedTest, KeepsThisRuntimesWireWhateverTheOptionSays) {
