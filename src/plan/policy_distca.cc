@@ -67,9 +67,21 @@ int64_t FirstTrue(const Cuts& c, int64_t lo, int64_t hi, Pred&& pred) {
 // ---------------------------------------------------------------------------
 // Fallback when the greedy misses the bound: pack all indivisible units (the
 // segments between allowed cuts) by first-fit decreasing, the classic
-// bin-packing heuristic. Tried first with each unit offered to its owner rank
-// before the first fit (keeps more rows home), then as plain first-fit
-// decreasing.
+// bin-packing heuristic, keeping as many rows home as a packing allows.
+// Tried in this order, the first that packs kept:
+//   kOwnersFirst: every owner keeps its own units while they fit (largest
+//     first); the rest are placed by first fit, largest first;
+//   kDonorsOnly: ranks within the cap keep all their units, and only the
+//     others' units are placed by first fit, largest first;
+//   kOwnerFirstFit: one first-fit-decreasing pass, each unit offered to its
+//     owner first;
+//   kFirstFit: plain first-fit decreasing.
+// In one pass (kOwnerFirstFit) units that overflow early ranks fill later
+// ranks before those ranks' own units are offered, and the overflow
+// cascades: 57 short documents on 8 ranks and a server, block 16, eps 0.01,
+// had 355 rows served away from home, 28.2 MB a layer, where kOwnersFirst
+// then relocation have 187, 14.5 MB.
+enum class Packing { kOwnersFirst, kDonorsOnly, kOwnerFirstFit, kFirstFit };
 
 // Leftmost server with room >= need, in O(log N): a max segment tree over rooms.
 class FirstFit {
@@ -107,7 +119,7 @@ constexpr int64_t kMaxPackedUnits = int64_t{1} << 22;
 
 // Returns false when some unit fits nowhere, or there are more than
 // kMaxPackedUnits of them.
-bool PackUnits(const CostModel& cost, double cap, bool owner_first, Plan* plan) {
+bool PackUnits(const CostModel& cost, double cap, Packing packing, Plan* plan) {
   struct Unit {
     double cost;
     int32_t doc;
@@ -134,8 +146,22 @@ bool PackUnits(const CostModel& cost, double cap, bool owner_first, Plan* plan) 
   FirstFit bins(std::vector<double>(plan->servers(), cap));
   std::vector<PlanTask> tasks;
   tasks.reserve(units.size());
-  for (const Unit& u : units) {
-    const int s = owner_first && bins.Room(u.owner) >= u.cost ? u.owner : bins.Find(u.cost);
+  std::vector<bool> placed(units.size(), false);
+  if (packing == Packing::kOwnersFirst || packing == Packing::kDonorsOnly) {
+    std::vector<double> own(plan->servers(), 0.0);
+    for (const Unit& u : units) own[u.owner] += u.cost;
+    for (size_t i = 0; i < units.size(); ++i) {
+      const Unit& u = units[i];
+      if (packing == Packing::kDonorsOnly ? own[u.owner] > cap : bins.Room(u.owner) < u.cost) continue;
+      bins.Take(u.owner, u.cost);
+      tasks.push_back({u.doc, u.begin, u.end, u.owner});
+      placed[i] = true;
+    }
+  }
+  for (size_t i = 0; i < units.size(); ++i) {
+    if (placed[i]) continue;
+    const Unit& u = units[i];
+    const int s = packing == Packing::kOwnerFirstFit && bins.Room(u.owner) >= u.cost ? u.owner : bins.Find(u.cost);
     if (s < 0) return false;
     bins.Take(s, u.cost);
     tasks.push_back({u.doc, u.begin, u.end, s});
@@ -294,6 +320,9 @@ class DistcaPlanner {
   Move BestMove(int task, int receiver, double need) const;
   Move DonorBest(int donor);
   void Apply(const Move& m);
+  // Loads, task indexes and receivers from plan_.tasks as they stand (after
+  // a packing replaced the greedy's tasks).
+  void ResetFromTasks();
   void Relocate();
 
   const CostModel& cost_;
@@ -624,6 +653,20 @@ void DistcaPlanner::Apply(const Move& m) {
     if (cap_ - load_[s] > 0) receivers_.push({cap_ - load_[s], s});
 }
 
+void DistcaPlanner::ResetFromTasks() {
+  const std::vector<PlanTask>& tasks = plan_.tasks;
+  load_.assign(servers_, 0.0);
+  server_tasks_.assign(servers_, {});
+  starting_.clear();
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    Index(static_cast<int>(i));
+    load_[tasks[i].server] += Cost(tasks[i].q_begin, tasks[i].q_end);
+  }
+  receivers_ = {};
+  for (int s = 0; s < servers_; ++s)
+    if (load_[s] < cap_) receivers_.push({cap_ - load_[s], s});
+}
+
 // Local improvement: move whole chunks that sit away from home to another
 // server with room when that lowers the exact bytes (a chunk's query rows cost
 // nothing on a server that holds them; its K/V prefix costs nothing where the
@@ -875,13 +918,20 @@ Status DistcaPlanner::Run(double eps, bool repack, std::vector<double>* loads) {
     // A relative slack of 1e-10 absorbs the rounding of summing costs in a
     // different order; bound_met allows 1e-9.
     const std::vector<PlanTask> greedy = plan_.tasks;
-    for (bool owner_first : {true, false}) {
-      if (PackUnits(cost_, cap_ * (1 + 1e-10), owner_first, &plan_)) {
+    for (Packing packing : {Packing::kOwnersFirst, Packing::kDonorsOnly, Packing::kOwnerFirstFit, Packing::kFirstFit}) {
+      if (PackUnits(cost_, cap_ * (1 + 1e-10), packing, &plan_)) {
         plan_.bound_met = true;
         break;
       }
     }
-    if (!plan_.bound_met) plan_.tasks = greedy;
+    if (!plan_.bound_met) {
+      plan_.tasks = greedy;
+    } else {
+      // The packing places units with no regard to bytes: the relocation
+      // pass moves its chunks where they cost fewer, within the cap.
+      ResetFromTasks();
+      Relocate();
+    }
   }
 
   // Drop emptied tasks and merge adjacent tasks of one document on one server.
@@ -918,13 +968,10 @@ Status KeepColocatedUnlessLower(const CostModel& cost, Plan* plan, std::vector<d
   return Status::Ok();
 }
 
-}  // namespace
-
-Status PlanDistca(const CostModel& cost, double eps, Plan* plan, std::vector<double>* loads) {
-  return PlanDistca(cost, eps, DistcaRead::kAuto, plan, loads);
-}
-
-Status PlanDistca(const CostModel& cost, double eps, DistcaRead read, Plan* plan, std::vector<double>* loads) {
+// One plan at eps: the merge-aware greedy (and, with a measured table on a
+// miss, the plain one), with the colocated plan kept on a miss that does not
+// lower the maximum.
+Status PlanDistcaAt(const CostModel& cost, double eps, DistcaRead read, Plan* plan, std::vector<double>* loads) {
   // Only a measured table may need the second run, from the same input.
   Plan input;
   if (cost.measured()) {
@@ -949,6 +996,45 @@ Status PlanDistca(const CostModel& cost, double eps, DistcaRead read, Plan* plan
     *loads = std::move(other_loads);
   }
   return KeepColocatedUnlessLower(cost, plan, loads);
+}
+
+}  // namespace
+
+Status PlanDistca(const CostModel& cost, double eps, Plan* plan, std::vector<double>* loads) {
+  return PlanDistca(cost, eps, DistcaRead::kAuto, plan, loads);
+}
+
+Status PlanDistca(const CostModel& cost, double eps, DistcaRead read, Plan* plan, std::vector<double>* loads) {
+  DISTCA_RETURN_IF_ERROR(PlanDistcaAt(cost, eps, read, plan, loads));
+  if (plan->bound_met) return Status::Ok();
+  Plan input = *plan;  // the planners change only the tasks
+  input.tasks.clear();
+  // A missed bound. Where eps is below what any plan reaches (eps 0, or the
+  // block's granularity), the greedy stops as soon as its donors find no
+  // room, and its maximum can be far above what a slightly looser bound
+  // gives (a 256-rank batch: 5.96 x the mean at eps 0, 1.0001 x at 1e-4).
+  // Looser bounds are tried, doubling from 1% at least, while they could
+  // lower the maximum; the plan with the lowest maximum is kept, still
+  // reported as missing eps. (A near miss stays: retried from 1e-4, the
+  // simulator's plans at eps 0 gained hundredths of a percent of balance
+  // for up to twice the largest buffer.)
+  const auto max_of = [](const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); };
+  const double mean = std::accumulate(loads->begin(), loads->end(), 0.0) / double(loads->size());
+  constexpr int kLooserTries = 10;
+  double looser = std::max(2 * eps, 0.01);
+  for (int i = 0; i < kLooserTries && (1 + looser) * mean < max_of(*loads); ++i, looser *= 2) {
+    Plan trial = input;
+    std::vector<double> trial_loads;
+    DISTCA_RETURN_IF_ERROR(PlanDistcaAt(cost, looser, read, &trial, &trial_loads));
+    const bool met = trial.bound_met;
+    if (max_of(trial_loads) < max_of(*loads)) {
+      *plan = std::move(trial);
+      *loads = std::move(trial_loads);
+    }
+    if (met) break;  // a looser bound allows a higher maximum
+  }
+  plan->bound_met = false;
+  return Status::Ok();
 }
 
 Status PlanDistcaGreedyOnly(const CostModel& cost, double eps, Plan* plan, std::vector<double>* loads) {

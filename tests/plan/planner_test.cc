@@ -787,21 +787,70 @@ TEST(PlannerTest, DistcaGreedyLetsAnOvershootingDonorReceive) {
   EXPECT_DOUBLE_EQ(loads[0], double(CausalPairs(0, 256) + CausalPairs(512, 815)) * pair);
 }
 
-// A bound no plan can meet: a 1024-token document over ranks 4-7 (two
-// blocks of 128 each) and 256 one-token documents on each of ranks 0-3. At
-// eps 0.05 the cap is 69,014 causal pairs, below each block of ranks 6 and
-// 7 (73,792-122,944), so rank 7 keeps its 229,504; rank 5's blocks (41,024
-// and 57,408) could move, which only adds bytes. distca returns the colocated
-// plan then: the same maximum, fewer bytes (it returned rank 5's moves).
-TEST(PlannerTest, DistcaKeepsTheColocatedPlanWhenItCannotLowerTheMaximum) {
+// A bound no plan can meet: a 1024-token document over ranks 4-7 (256 rows
+// each) and 256 one-token documents on each of ranks 0-3; mean 65,728
+// causal pairs, so at eps 0.05 the cap is 69,014.
+std::vector<PlanDocument> UnreachableBoundDocs() {
   std::vector<PlanDocument> docs;
   docs.push_back({.length = 1024, .pieces = {}});
   for (int r = 4; r < 8; ++r) docs[0].pieces.push_back({.rank = r, .begin = 256 * (r - 4), .end = 256 * (r - 3)});
   for (int r = 0; r < 4; ++r)
     for (int n = 0; n < 256; ++n) docs.push_back({.length = 1, .pieces = {{.rank = r, .begin = 0, .end = 1}}});
+  return docs;
+}
+
+// Where the greedy gets stuck and first-fit decreasing packs the blocks, the
+// ranks within the cap keep their own rows: 57 short documents (1,233
+// tokens) on 8 ranks and a dedicated server, block 16, eps 0.01 (two ranks
+// within the cap, the rest above it: the server lowers the mean). A packing
+// that offered each unit to its owner in its one pass let units overflowing
+// early ranks fill later ranks first: 355 rows served away from home, 28.2
+// MB, where this one serves 187 away, 14.5 MB.
+TEST(PlannerTest, DistcaFallbackPackingKeepsRanksWithinTheCapHome) {
+  const std::vector<int64_t> lengths = {34, 25, 35, 9,  5,  11, 21, 25, 14, 11, 22, 31, 39, 38, 11, 25, 23, 16, 18,
+                                        20, 20, 25, 16, 30, 14, 17, 37, 7,  15, 31, 37, 13, 18, 11, 5,  7,  34, 7,
+                                        16, 26, 30, 32, 11, 22, 38, 27, 19, 12, 18, 18, 17, 39, 7,  33, 38, 36, 17};
   PlanOptions o;
   o.ranks = 8;
-  o.block = 128;
+  o.dedicated_servers = 1;
+  o.block = 16;
+  o.tolerance = 0.01;
+  const CostModel cost = CostModel::Flops(o.model);
+  Plan greedy;
+  o.policy = PlanPolicy::kColocated;
+  ASSERT_TRUE(BuildPlan(lengths, o, cost, &greedy).ok());
+  std::vector<double> own = greedy.stats.load;
+  const double cap = (1 + o.tolerance) * greedy.stats.load_mean;
+  greedy.tasks.clear();
+  std::vector<double> loads;
+  ASSERT_TRUE(plan::PlanDistcaGreedyOnly(cost, o.tolerance, &greedy, &loads).ok());
+  ASSERT_FALSE(greedy.bound_met);  // so the packing runs
+  Plan p;
+  o.policy = PlanPolicy::kDistca;
+  ASSERT_TRUE(BuildPlan(lengths, o, cost, &p).ok());
+  ASSERT_TRUE(ValidatePlan(p, cost).ok());
+  EXPECT_TRUE(p.bound_met);
+  int within = 0;
+  for (int r = 0; r < o.ranks; ++r) within += own[r] <= cap;
+  EXPECT_EQ(within, 2);
+  for (const PlanTask& t : p.tasks)
+    ForEachPieceOverlapping(p.documents[t.doc], t.q_begin, t.q_end,
+                            [&](size_t, const PlanPiece& piece, int64_t, int64_t) {
+                              EXPECT_TRUE(piece.rank == t.server || own[piece.rank] > cap)
+                                  << "rank " << piece.rank << ", within the cap, serves none of rows [" << t.q_begin
+                                  << ", " << t.q_end << ") of document " << t.doc << ": server " << t.server << " does";
+                            });
+}
+
+// Block 256: rank 7's rows are one indivisible unit of 229,504 pairs, the
+// colocated maximum, which no plan lowers; moves elsewhere (rank 6's unit
+// under a looser bound) only add bytes, so distca returns the colocated
+// plan: the same maximum, fewer bytes.
+TEST(PlannerTest, DistcaKeepsTheColocatedPlanWhenItCannotLowerTheMaximum) {
+  const std::vector<PlanDocument> docs = UnreachableBoundDocs();
+  PlanOptions o;
+  o.ranks = 8;
+  o.block = 256;
   const CostModel cost = CostModel::Flops(o.model);
   Plan colocated, distca;
   o.policy = PlanPolicy::kColocated;
@@ -812,11 +861,33 @@ TEST(PlannerTest, DistcaKeepsTheColocatedPlanWhenItCannotLowerTheMaximum) {
   EXPECT_DOUBLE_EQ(distca.stats.load_max, colocated.stats.load_max);
   EXPECT_DOUBLE_EQ(colocated.stats.load_max, double(CausalPairs(768, 1024)) * cost.TaskCost(0, 1));
   EXPECT_EQ(distca.stats.traffic.total_bytes(), colocated.stats.traffic.total_bytes());
-  // Where the greedy does lower the maximum (eps 1.0: cap 131,456, rank 7's
-  // blocks fit elsewhere), its plan stays.
-  o.tolerance = 1.0;
+}
+
+// Block 128: rank 7's blocks (73,792 and 122,944 pairs) exceed the cap, so
+// the bound is missed, but not by as much as the colocated plan misses it:
+// distca tries looser bounds and keeps the lowest maximum, here the largest
+// indivisible block, which no plan can beat (at eps 0.05 alone its greedy
+// could not move rank 7's blocks and returned the colocated plan).
+TEST(PlannerTest, DistcaMissingTheBoundKeepsTheLowestMaximumItFinds) {
+  const std::vector<PlanDocument> docs = UnreachableBoundDocs();
+  PlanOptions o;
+  o.ranks = 8;
+  o.block = 128;
+  const CostModel cost = CostModel::Flops(o.model);
+  Plan distca;
+  o.policy = PlanPolicy::kDistca;
   ASSERT_TRUE(BuildPlanForLayout(docs, o, cost, &distca).ok());
-  EXPECT_LT(distca.stats.load_max, colocated.stats.load_max);
+  ASSERT_TRUE(ValidatePlan(distca, cost).ok());
+  EXPECT_FALSE(distca.bound_met);
+  EXPECT_DOUBLE_EQ(distca.stats.load_max, double(CausalPairs(896, 1024)) * cost.TaskCost(0, 1));
+  // The greedy alone at eps 0.05 lowers nothing: rank 7 keeps its 229,504.
+  Plan greedy;
+  ASSERT_TRUE(BuildPlanForLayout(docs, o, cost, &greedy).ok());
+  greedy.tasks.clear();
+  std::vector<double> loads;
+  ASSERT_TRUE(plan::PlanDistcaGreedyOnly(cost, 0.05, &greedy, &loads).ok());
+  EXPECT_FALSE(greedy.bound_met);
+  EXPECT_DOUBLE_EQ(loads[7], double(CausalPairs(768, 1024)) * cost.TaskCost(0, 1));
 }
 
 // The greedy's 2% tie-break is measured from the fewest bytes per unit: a
