@@ -416,10 +416,8 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
         }
         for (int r = 0; r < total_ranks; ++r) {
           const double with = compute_of(r, true), without = compute_of(r, false);
-          // Busy: the useful compute, or the rank's own transfer where that
-          // is longer (it runs alongside); waiting for a slower peer's
-          // transfer is idle, as is the dummy work.
-          o.busy_s[r] += std::max(without, comm_of(r));
+          // The dummy work counts as idle.
+          o.busy_s[r] += comm_of(r) > 0 ? StepBusySeconds(without, comm_of(r), ready - clock[r]) : without;
           o.bubble_work_s += with - without;
           clock[r] += with;
           if (comm_of(r) > 0) clock[r] = std::max(clock[r], ready + transfer);

@@ -228,6 +228,15 @@ inline constexpr int kDistcaArtifactBufferCopies = 4;
 // the plans' need rounded up to whole GiB, plus 0.5 GiB.
 double DistcaArtifactEnlargedBuffer(double need_bytes);
 
+// A rank's busy seconds in one step of CAD's per-rank clocks: its useful
+// compute runs from the step's start for `compute` seconds, and its own
+// transfer, if any, from `lead` seconds later (when the exchange's last
+// rank is ready) for `transfer` seconds. Busy is the time either runs (the
+// union of the two); waiting for a slower peer's transfer is idle.
+inline double StepBusySeconds(double compute, double transfer, double lead) {
+  return std::max(compute, std::min(lead, compute) + transfer);
+}
+
 // --- packing (packing.cc) ---
 
 // Cuts documents, in order, into consecutive groups of exactly `tokens` tokens

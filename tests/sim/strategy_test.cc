@@ -722,7 +722,24 @@ TEST(ColocatedTest, EachExchangeCarriesItsOwnBytes) {
   const double extra = k.AttentionForward(512, 1024) - k.AttentionForward(0, 512);
   const double waited = 2 * (extra + (k.AttentionBackward(512, 1024) - k.AttentionBackward(0, 512)));
   ASSERT_GT(waited, 0.0);
-  EXPECT_NEAR(r.idle_fraction, waited / (2 * r.iteration_s), 1e-9);
+  // (The sums run in different orders: equal to rounding.)
+  EXPECT_NEAR(r.idle_fraction, waited / (2 * r.iteration_s), 1e-12);
+}
+
+// A step's busy time is the union of the rank's compute, from the step's
+// start, and its own transfer, from when the exchange's last rank is ready.
+TEST(CadTest, StepBusyIsComputeOrOwnTransfer) {
+  EXPECT_EQ(sim::StepBusySeconds(3, 0, 0), 3);  // no transfer
+  EXPECT_EQ(sim::StepBusySeconds(3, 2, 0), 3);  // hidden under the compute
+  EXPECT_EQ(sim::StepBusySeconds(1, 2, 0), 2);  // longer than the compute
+  // Ready first, a peer 1 s later: compute [0, 1], transfer [1, 2]; the
+  // rank never waits.
+  EXPECT_EQ(sim::StepBusySeconds(1, 1, 1), 2);
+  // A peer 3 s later: compute [0, 1], transfer [3, 4]; 2 s waiting.
+  EXPECT_EQ(sim::StepBusySeconds(1, 1, 3), 2);
+  // Compute [0, 4], transfer [1, 3]: inside it.
+  EXPECT_EQ(sim::StepBusySeconds(4, 2, 1), 4);
+  EXPECT_EQ(sim::StepBusySeconds(0, 2, 5), 2);  // an exchange step alone
 }
 
 TEST(ColocatedTest, KeepsThisRuntimesWireWhateverTheOptionSays) {
