@@ -239,7 +239,10 @@ struct Plan {
   int64_t block = 128;
   PlanPolicy policy = PlanPolicy::kDistca;
   PlanModel model;
-  double tolerance_used = 0.0;  // eps the plan was built with (after any comm-budget raises)
+  // eps the plan is held to: the requested one after any comm-budget raises
+  // (a distca plan that missed it may come from a retry at another eps;
+  // docs/planner.md, step 5).
+  double tolerance_used = 0.0;
   // Whether max load <= (1 + tolerance_used) * mean was reached. Only kDistca
   // aims at it; there false says the bound is not achievable at block
   // granularity as far as the planner could establish (docs/planner.md).

@@ -15,8 +15,9 @@
 // indivisible unit costs at most eps * mean the bound holds: while a donor
 // exceeds cap some server is below the mean and can take any unit. When the
 // greedy still gets stuck (large units and fragmented room), all units are
-// repacked by first-fit decreasing; only when that fails too is
-// Plan::bound_met false.
+// repacked by first-fit decreasing. When that fails too, plans for other
+// bounds are tried (PlanDistca) and the best kept; Plan::bound_met says
+// whether it meets eps.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -69,8 +70,9 @@ int64_t FirstTrue(const Cuts& c, int64_t lo, int64_t hi, Pred&& pred) {
 // segments between allowed cuts) by first-fit decreasing, the classic
 // bin-packing heuristic, keeping as many rows home as a packing allows.
 // Tried in this order, the first that packs kept:
-//   kOwnersFirst: every owner keeps its own units while they fit (largest
-//     first); the rest are placed by first fit, largest first;
+//   kOwnersFirst: each owner keeps each of its own units that still fits
+//     its room, largest first; the rest are placed by first fit, largest
+//     first;
 //   kDonorsOnly: ranks within the cap keep all their units, and only the
 //     others' units are placed by first fit, largest first;
 //   kOwnerFirstFit: one first-fit-decreasing pass, each unit offered to its
@@ -117,41 +119,49 @@ class FirstFit {
 // tokens (150 GB at 2^31 tokens in blocks of 1).
 constexpr int64_t kMaxPackedUnits = int64_t{1} << 22;
 
-// Returns false when some unit fits nowhere, or there are more than
-// kMaxPackedUnits of them.
-bool PackUnits(const CostModel& cost, double cap, Packing packing, Plan* plan) {
-  struct Unit {
-    double cost;
-    int32_t doc;
-    int64_t begin, end;
-    int owner;
-  };
+// An indivisible unit of work: one block of a piece, on its owner rank.
+struct PackUnit {
+  double cost;
+  int32_t doc;
+  int64_t begin, end;
+  int owner;
+};
+
+// The plan's units, costliest first (ties in position order). False when
+// there are more than kMaxPackedUnits.
+bool PackingUnits(const CostModel& cost, const Plan& plan, std::vector<PackUnit>* units) {
   int64_t count = 0;
-  for (const PlanDocument& d : plan->documents)
+  for (const PlanDocument& d : plan.documents)
     for (const PlanPiece& p : d.pieces)
-      if (p.end > p.begin) count += (p.end - 1) / plan->block - p.begin / plan->block + 1;
+      if (p.end > p.begin) count += (p.end - 1) / plan.block - p.begin / plan.block + 1;
   if (count > kMaxPackedUnits) return false;
-  std::vector<Unit> units;
-  units.reserve(size_t(count));
-  for (size_t d = 0; d < plan->documents.size(); ++d) {
-    for (const PlanPiece& p : plan->documents[d].pieces) {
+  units->clear();
+  units->reserve(size_t(count));
+  for (size_t d = 0; d < plan.documents.size(); ++d) {
+    for (const PlanPiece& p : plan.documents[d].pieces) {
       for (int64_t a = p.begin; a < p.end;) {
-        const int64_t b = std::min(p.end, (a / plan->block + 1) * plan->block);
-        units.push_back({cost.TaskCost(a, b), static_cast<int32_t>(d), a, b, p.rank});
+        const int64_t b = std::min(p.end, (a / plan.block + 1) * plan.block);
+        units->push_back({cost.TaskCost(a, b), static_cast<int32_t>(d), a, b, p.rank});
         a = b;
       }
     }
   }
-  std::stable_sort(units.begin(), units.end(), [](const Unit& x, const Unit& y) { return x.cost > y.cost; });
+  std::stable_sort(units->begin(), units->end(), [](const PackUnit& x, const PackUnit& y) { return x.cost > y.cost; });
+  return true;
+}
+
+// Packs `units` (PackingUnits' order) into the servers within `cap`, in
+// the given order, into plan->tasks. False when some unit fits nowhere.
+bool PackUnits(const std::vector<PackUnit>& units, double cap, Packing packing, Plan* plan) {
   FirstFit bins(std::vector<double>(plan->servers(), cap));
   std::vector<PlanTask> tasks;
   tasks.reserve(units.size());
   std::vector<bool> placed(units.size(), false);
   if (packing == Packing::kOwnersFirst || packing == Packing::kDonorsOnly) {
     std::vector<double> own(plan->servers(), 0.0);
-    for (const Unit& u : units) own[u.owner] += u.cost;
+    for (const PackUnit& u : units) own[u.owner] += u.cost;
     for (size_t i = 0; i < units.size(); ++i) {
-      const Unit& u = units[i];
+      const PackUnit& u = units[i];
       if (packing == Packing::kDonorsOnly ? own[u.owner] > cap : bins.Room(u.owner) < u.cost) continue;
       bins.Take(u.owner, u.cost);
       tasks.push_back({u.doc, u.begin, u.end, u.owner});
@@ -160,7 +170,7 @@ bool PackUnits(const CostModel& cost, double cap, Packing packing, Plan* plan) {
   }
   for (size_t i = 0; i < units.size(); ++i) {
     if (placed[i]) continue;
-    const Unit& u = units[i];
+    const PackUnit& u = units[i];
     const int s = packing == Packing::kOwnerFirstFit && bins.Room(u.owner) >= u.cost ? u.owner : bins.Find(u.cost);
     if (s < 0) return false;
     bins.Take(s, u.cost);
@@ -918,10 +928,14 @@ Status DistcaPlanner::Run(double eps, bool repack, std::vector<double>* loads) {
     // A relative slack of 1e-10 absorbs the rounding of summing costs in a
     // different order; bound_met allows 1e-9.
     const std::vector<PlanTask> greedy = plan_.tasks;
-    for (Packing packing : {Packing::kOwnersFirst, Packing::kDonorsOnly, Packing::kOwnerFirstFit, Packing::kFirstFit}) {
-      if (PackUnits(cost_, cap_ * (1 + 1e-10), packing, &plan_)) {
-        plan_.bound_met = true;
-        break;
+    std::vector<PackUnit> units;
+    if (PackingUnits(cost_, plan_, &units)) {
+      for (Packing packing :
+           {Packing::kOwnersFirst, Packing::kDonorsOnly, Packing::kOwnerFirstFit, Packing::kFirstFit}) {
+        if (PackUnits(units, cap_ * (1 + 1e-10), packing, &plan_)) {
+          plan_.bound_met = true;
+          break;
+        }
       }
     }
     if (!plan_.bound_met) {
@@ -1045,15 +1059,18 @@ Status PlanDistca(const CostModel& cost, double eps, DistcaRead read, Plan* plan
   // granularity), the greedy stops as soon as its donors find no room, and
   // its maximum can be far above what a slightly looser bound gives (a
   // 256-rank batch: 5.96 x the mean at eps 0, 1.0001 x at 1e-4). Looser
-  // bounds are tried, doubling from 1% at least, while they could lower the
-  // maximum, until one is met (a looser one allows a higher maximum). A near
-  // miss stays: retried from 1e-4, the simulator's plans at eps 0 gained
-  // hundredths of a percent of balance for up to twice the largest buffer.
+  // bounds are tried, doubling from max(2 eps, 1%), while they could lower
+  // the maximum, until one is met (a looser one allows a higher maximum). A
+  // near miss, within the first looser bound, stays: retried from 1e-4, the
+  // simulator's plans at eps 0 gained hundredths of a percent of balance for
+  // up to twice the largest buffer.
   constexpr int kLooserTries = 10;
   double looser = std::max(2 * eps, 0.01);
-  const double mean = std::accumulate(loads->begin(), loads->end(), 0.0) / double(loads->size());
+  const auto mean_of = [](const std::vector<double>& v) {
+    return std::accumulate(v.begin(), v.end(), 0.0) / double(v.size());
+  };
   met = false;
-  for (int i = 0; i < kLooserTries && !met && !meets_eps(*loads) && (1 + looser) * mean < max_of(*loads);
+  for (int i = 0; i < kLooserTries && !met && !meets_eps(*loads) && (1 + looser) * mean_of(*loads) < max_of(*loads);
        ++i, looser *= 2)
     DISTCA_RETURN_IF_ERROR(try_at(looser));
   plan->bound_met = meets_eps(*loads);

@@ -899,7 +899,7 @@ TEST(PlannerTest, DistcaKeepsTheColocatedPlanWhenItCannotLowerTheMaximum) {
   EXPECT_EQ(distca.stats.traffic.total_bytes(), colocated.stats.traffic.total_bytes());
 }
 
-// Block 128: rank 7's blocks (73,792 and 122,944 pairs) exceed the cap, so
+// Block 128: rank 7's blocks (106,560 and 122,944 pairs) exceed the cap, so
 // the bound is missed, but not by as much as the colocated plan misses it:
 // distca tries looser bounds and keeps the lowest maximum, here the largest
 // indivisible block, which no plan can beat (at eps 0.05 alone its greedy
