@@ -799,6 +799,13 @@ std::vector<PlanDocument> UnreachableBoundDocs() {
   return docs;
 }
 
+// The distca greedy alone (no fallback, no retries) on `built`'s documents.
+Plan GreedyOnly(Plan built, const CostModel& cost, double eps, std::vector<double>* loads) {
+  built.tasks.clear();
+  EXPECT_TRUE(plan::PlanDistcaGreedyOnly(cost, eps, &built, loads).ok());
+  return built;
+}
+
 // Where the greedy gets stuck and first-fit decreasing packs the blocks, the
 // ranks within the cap keep their own rows: 57 short documents (1,233
 // tokens) on 8 ranks and a dedicated server, block 16, eps 0.01 (two ranks
@@ -816,15 +823,13 @@ TEST(PlannerTest, DistcaFallbackPackingKeepsRanksWithinTheCapHome) {
   o.block = 16;
   o.tolerance = 0.01;
   const CostModel cost = CostModel::Flops(o.model);
-  Plan greedy;
+  Plan colocated;
   o.policy = PlanPolicy::kColocated;
-  ASSERT_TRUE(BuildPlan(lengths, o, cost, &greedy).ok());
-  std::vector<double> own = greedy.stats.load;
-  const double cap = (1 + o.tolerance) * greedy.stats.load_mean;
-  greedy.tasks.clear();
+  ASSERT_TRUE(BuildPlan(lengths, o, cost, &colocated).ok());
+  const std::vector<double>& own = colocated.stats.load;
+  const double cap = (1 + o.tolerance) * colocated.stats.load_mean;
   std::vector<double> loads;
-  ASSERT_TRUE(plan::PlanDistcaGreedyOnly(cost, o.tolerance, &greedy, &loads).ok());
-  ASSERT_FALSE(greedy.bound_met);  // so the packing runs
+  ASSERT_FALSE(GreedyOnly(colocated, cost, o.tolerance, &loads).bound_met);  // so the packing runs
   Plan p;
   o.policy = PlanPolicy::kDistca;
   ASSERT_TRUE(BuildPlan(lengths, o, cost, &p).ok());
@@ -869,13 +874,11 @@ TEST(PlannerTest, DistcaWithATableTriesTighterBoundsWhereTheMeanMoved) {
     EXPECT_LE(p.stats.load_max, (1 + eps) * p.stats.load_mean * (1 + 1e-9)) << "eps " << eps;
   }
   // The greedy alone at eps 1 misses.
-  Plan greedy;
+  Plan colocated;
   o.policy = PlanPolicy::kColocated;
-  ASSERT_TRUE(BuildPlan({5658}, o, table, &greedy).ok());
-  greedy.tasks.clear();
+  ASSERT_TRUE(BuildPlan({5658}, o, table, &colocated).ok());
   std::vector<double> loads;
-  ASSERT_TRUE(plan::PlanDistcaGreedyOnly(table, 1.0, &greedy, &loads).ok());
-  EXPECT_FALSE(greedy.bound_met);
+  EXPECT_FALSE(GreedyOnly(colocated, table, 1.0, &loads).bound_met);
 }
 
 // Block 256: rank 7's rows are one indivisible unit of 229,504 pairs, the
@@ -917,12 +920,8 @@ TEST(PlannerTest, DistcaMissingTheBoundKeepsTheLowestMaximumItFinds) {
   EXPECT_FALSE(distca.bound_met);
   EXPECT_DOUBLE_EQ(distca.stats.load_max, double(CausalPairs(896, 1024)) * cost.TaskCost(0, 1));
   // The greedy alone at eps 0.05 lowers nothing: rank 7 keeps its 229,504.
-  Plan greedy;
-  ASSERT_TRUE(BuildPlanForLayout(docs, o, cost, &greedy).ok());
-  greedy.tasks.clear();
   std::vector<double> loads;
-  ASSERT_TRUE(plan::PlanDistcaGreedyOnly(cost, 0.05, &greedy, &loads).ok());
-  EXPECT_FALSE(greedy.bound_met);
+  EXPECT_FALSE(GreedyOnly(distca, cost, 0.05, &loads).bound_met);
   EXPECT_DOUBLE_EQ(loads[7], double(CausalPairs(768, 1024)) * cost.TaskCost(0, 1));
 }
 
