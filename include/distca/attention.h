@@ -125,6 +125,7 @@ Status MergePartials(int64_t rows, int heads, int head_dim, const float* out1, c
 
 // Number of (query, key) pairs the batch attends over (per head). Forward
 // FLOPs = 4 * pairs * D * Hq; backward = 2.5x forward. Assumes valid tasks.
+// Exact whenever the count fits in int64; INT64_MAX when it does not.
 int64_t AttentionPairs(std::span<const AttentionTask> tasks, bool causal);
 
 // Kernels this CPU can run (always includes kReference and kScalar), and names.

@@ -280,18 +280,26 @@ AttentionKernel ResolveAttentionKernel(AttentionKernel kernel) {
 }
 
 int64_t AttentionPairs(std::span<const AttentionTask> tasks, bool causal) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
   int64_t pairs = 0;
   for (const AttentionTask& t : tasks) {
+    int64_t task_pairs = 0;
     if (!causal) {
-      pairs += t.q_len * t.kv_len;
-      continue;
+      if (__builtin_mul_overflow(t.q_len, t.kv_len, &task_pairs)) return kMax;
+    } else {
+      // Row r sees max(0, r + shift + 1) keys, shift = kv_len - q_len; the
+      // last row sees kv_len. Sum the arithmetic series over the rows that
+      // see any, n (x / 2) with the halving done on whichever factor is even
+      // (the product of 3.1e9 rows overflows before a halving after it).
+      const int64_t shift = t.kv_len - t.q_len;
+      const int64_t first = std::max<int64_t>(0, -shift);
+      const int64_t n = t.q_len - first;
+      const int64_t x = first + shift + 1 + t.kv_len;
+      if (n > 0 &&
+          (n % 2 == 0 ? __builtin_mul_overflow(n / 2, x, &task_pairs) : __builtin_mul_overflow(n, x / 2, &task_pairs)))
+        return kMax;
     }
-    // Row r sees max(0, r + shift + 1) keys, shift = kv_len - q_len; the last
-    // row sees kv_len. Sum the arithmetic series over the rows that see any.
-    const int64_t shift = t.kv_len - t.q_len;
-    const int64_t first = std::max<int64_t>(0, -shift);
-    const int64_t n = t.q_len - first;
-    if (n > 0) pairs += n * (first + shift + 1 + t.kv_len) / 2;
+    if (__builtin_add_overflow(pairs, task_pairs, &pairs)) return kMax;
   }
   return pairs;
 }
