@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/cli_checks.h"
+#include "common/excerpt.h"
 #include "common/file_util.h"
 #include "common/timer.h"
 #include "distca/model.h"
@@ -192,7 +193,7 @@ int MakeOutDir(const std::string& dir, std::initializer_list<std::string> files)
   // The chart's gnuplot script names the files: a line break (or another
   // control character) in the path would end its string.
   for (const char c : dir)
-    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f)
+    if (distca::IsControlByte(c))
       return Fail(
           fmt::format("--out: the path holds a control character (0x{:02x}), which the chart's gnuplot "
                       "script cannot name",

@@ -13,12 +13,12 @@
 #include <exception>
 #include <map>
 #include <mutex>
-#include <new>
 #include <thread>
 #include <tuple>
 #include <vector>
 
 #include "comm/local_comm.h"
+#include "comm/run_rank.h"
 
 namespace distca::comm {
 namespace {
@@ -332,15 +332,7 @@ Status RunLocal(int ranks, double timeout_seconds, const std::function<Status(Co
     // running see it and return, and are joined.
     auto run = [&, r] {
       LocalComm comm(&world, r);
-      try {
-        results[r] = fn(comm);
-      } catch (const std::bad_alloc&) {  // an allocation too large for this machine: not a bug
-        results[r] = Status::Unavailable("out of memory");
-      } catch (const std::exception& e) {
-        results[r] = Status::Internal(fmt::format("exception: {}", e.what()));
-      } catch (...) {
-        results[r] = Status::Internal("unknown exception");
-      }
+      results[r] = RunRank(fn, comm);
       if (!results[r].ok()) comm.Abort(results[r]);
     };
     try {

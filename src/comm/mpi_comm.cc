@@ -23,11 +23,10 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
-#include <exception>
-#include <new>
 #include <vector>
 
 #include "comm/mpi_comm.h"
+#include "comm/run_rank.h"
 
 namespace distca::comm {
 namespace {
@@ -316,16 +315,7 @@ Status RunMpi(const std::function<Status(Comm&)>& fn) {
     max_message = v;
   }
   MpiComm comm(max_message);
-  Status result;
-  try {
-    result = fn(comm);
-  } catch (const std::bad_alloc&) {  // an allocation too large for this machine: not a bug
-    result = Status::Unavailable("out of memory");
-  } catch (const std::exception& e) {
-    result = Status::Internal(fmt::format("exception: {}", e.what()));
-  } catch (...) {
-    result = Status::Internal("unknown exception");
-  }
+  const Status result = RunRank(fn, comm);
   if (!result.ok()) {
     comm.Abort(result);  // terminates the job; should it return, the failure still stands
     return result;

@@ -8,6 +8,10 @@
 
 namespace distca {
 
+// An ASCII control character (below 0x20, or DEL): what a message, a CSV
+// label or a gnuplot string cannot show as it is.
+inline bool IsControlByte(char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; }
+
 // The length of the well-formed UTF-8 sequence at the start of `text`
 // (1-4 bytes), or 0 if it does not start with one (a stray continuation
 // byte, an overlong form, a surrogate, a code point above U+10FFFF, a
@@ -66,7 +70,7 @@ inline std::string Excerpt(std::string_view text, size_t max = 80) {
       out += '\\';
       out += static_cast<char>(c);
       ++i;
-    } else if (const size_t n = Utf8SequenceLength(text.substr(i)); c < 0x20 || c == 0x7f || n == 0) {
+    } else if (const size_t n = Utf8SequenceLength(text.substr(i)); IsControlByte(text[i]) || n == 0) {
       escape(c);
       ++i;
     } else if (i + n > max) {

@@ -95,22 +95,32 @@ Status ReadBinaryFileAtMost(const std::string& path, std::string* contents, uint
   return ReadWholeFileAtMost(path, contents, max_bytes, what, /*text=*/false);
 }
 
+namespace {
+
+// `path` made absolute, then weakly canonical (absolute first:
+// weakly_canonical leaves a relative path with no existing part relative,
+// "t.json" against "$PWD/t.json").
+std::filesystem::path AbsoluteCanonical(const std::string& path, std::error_code& ec) {
+  const std::filesystem::path absolute = std::filesystem::absolute(path, ec);
+  return ec ? absolute : std::filesystem::weakly_canonical(absolute, ec);
+}
+
+}  // namespace
+
 bool SameFile(const std::string& a, const std::string& b) {
   std::error_code ec;
   if (std::filesystem::equivalent(a, b, ec) && !ec) return true;
-  // Absolute first: weakly_canonical leaves a relative path with no
-  // existing part relative ("t.json" against "$PWD/t.json").
-  const std::filesystem::path pa = std::filesystem::weakly_canonical(std::filesystem::absolute(a, ec), ec);
+  const std::filesystem::path pa = AbsoluteCanonical(a, ec);
   if (ec) return false;
-  const std::filesystem::path pb = std::filesystem::weakly_canonical(std::filesystem::absolute(b, ec), ec);
+  const std::filesystem::path pb = AbsoluteCanonical(b, ec);
   return !ec && pa == pb;
 }
 
 bool IsSameOrInside(const std::string& path, const std::string& dir) {
   std::error_code ec;
-  const std::filesystem::path p = std::filesystem::weakly_canonical(std::filesystem::absolute(path, ec), ec);
+  const std::filesystem::path p = AbsoluteCanonical(path, ec);
   if (ec) return false;
-  const std::filesystem::path d = std::filesystem::weakly_canonical(std::filesystem::absolute(dir, ec), ec);
+  const std::filesystem::path d = AbsoluteCanonical(dir, ec);
   if (ec) return false;
   // (A path that does not exist keeps a trailing separator as an empty last
   // element.)

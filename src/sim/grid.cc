@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <optional>
 
+#include "common/excerpt.h"
 #include "distca/sim.h"
 
 namespace distca {
@@ -28,7 +29,7 @@ std::string Quoted(const std::string& text) {
     if (c == '\'')
       out += "''";
     else
-      out += static_cast<unsigned char>(c) < 0x20 || c == 0x7f ? ' ' : c;
+      out += IsControlByte(c) ? ' ' : c;
   }
   return out + "'";
 }

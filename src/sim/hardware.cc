@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/excerpt.h"
 #include "common/file_util.h"
 #include "common/json_text.h"
 #include "distca/plan.h"
@@ -421,7 +422,7 @@ Status LoadHardwareProfile(const std::string& path, HardwareProfile* profile,
   // The name labels CSV rows and chart titles: one line, control characters
   // (a newline in a file's name or an override's value) as spaces.
   for (char& c : p.name)
-    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';
+    if (IsControlByte(c)) c = ' ';
   for (size_t i = 0; i < p.attention_tables.size(); ++i) {
     AttentionTable& t = p.attention_tables[i];
     const std::string where = fmt::format("{}: attention_tables[{}]", path, i);
