@@ -111,6 +111,8 @@ nlohmann::json ToJson(const Args& a, const SimOptions& o, const SimResult& r) {
           {"max_buffer_bytes", r.max_buffer_bytes},
           {"cp", r.cp},
           {"tolerance_used", IsCadStrategy(r.strategy) ? nlohmann::json(r.tolerance_used) : nlohmann::json(nullptr)},
+          {"load_max_over_mean",
+           IsCadStrategy(r.strategy) ? nlohmann::json(r.load_max_over_mean) : nlohmann::json(nullptr)},
           {"grad_sync_s", r.grad_sync_s},
           {"breakdown_per_layer_s",
            {{"forward_linear", b.forward_linear_s},

@@ -326,6 +326,7 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
       }
       costs.push_back(std::move(c));
       o.tolerance_sum += plan.tolerance_used;
+      o.load_ratio_sum += plan.stats.max_over_mean();
       ++o.plans;
       o.bytes_moved += ctx.stage_layers * double(tr.total_bytes());
     }

@@ -109,7 +109,7 @@ Status PaperGrid(std::string_view dims, std::vector<GridPoint>* points, const Gr
 std::string GridCsvHeader() {
   return "config,model,gpus,tp,pp,max_doc_len,batch_size,strategy,iteration_s,tokens_per_s,speedup,"
          "idle_fraction,memory_max_gb,memory_mean_gb,memory_fits,bytes_moved_gb,max_buffer_gb,cp,tolerance_used,"
-         "micro_batches,recompute_mlp,wlb_scope,grad_sync_s,ping_pong,wire,comm_budget,tolerance,servers,"
+         "load_max_over_mean,micro_batches,recompute_mlp,wlb_scope,grad_sync_s,ping_pong,wire,comm_budget,tolerance,servers,"
          "grad_sync,distributed_optimizer,optimizer_moments,wlb_artifact_kv,packing,hardware\n";
 }
 
@@ -136,11 +136,12 @@ std::string GridCsvRow(const GridPoint& p, const SimResult& r, const SimOptions&
   const std::optional<PlanWire> wire = StrategyWire(r.strategy, run);
   return fmt::format(
       "{},{},{},{},{},{},{},{},{:.6f},{:.1f},{},{:.4f},{:.3f},{:.3f},{},{:.3f},{:.4f},{},{},"
-      "{},{},{},{:.6f},{},{},{},{},{},{},{},{},{},{},{}\n",
+      "{},{},{},{},{:.6f},{},{},{},{},{},{},{},{},{},{},{}\n",
       p.Label(), p.model, p.gpus, p.tp, p.pp, p.max_doc_len, p.batch_size, SimStrategyName(r.strategy), r.iteration_s,
       r.tokens_per_s, r.speedup > 0 ? fmt::format("{:.4f}", r.speedup) : std::string(), r.idle_fraction,
       r.memory_max_bytes * 1e-9, r.memory_mean_bytes * 1e-9, r.memory_fits ? 1 : 0, r.bytes_moved * 1e-9,
       r.max_buffer_bytes * 1e-9, r.cp, cad ? fmt::format("{:.3f}", r.tolerance_used) : std::string(),
+      cad ? fmt::format("{:.4f}", r.load_max_over_mean) : std::string(),
       RunsAsWaves(r.strategy) && p.cad_micro_batches > 0 ? p.cad_micro_batches : p.micro_batches,
       p.recompute_mlp ? 1 : 0, WlbScopeName(run.wlb_scope), r.grad_sync_s, run.ping_pong ? 1 : 0,
       wire ? PlanWireName(*wire) : "", run.comm_budget, run.tolerance, run.dedicated_servers, run.grad_sync ? 1 : 0,

@@ -82,7 +82,7 @@ SimResult Summarize(const SimOptions& o, SimStrategy id, int cp, const std::vect
   r.strategy = id;
   r.cp = cp;
   const double n = double(outcomes.size());
-  double memory_sum = 0, memory_count = 0, tolerance_sum = 0;
+  double memory_sum = 0, memory_count = 0, tolerance_sum = 0, load_ratio_sum = 0;
   int plans = 0;
   for (const sim::BatchOutcome& b : outcomes) {
     r.iteration_per_batch.push_back(b.iteration_s);
@@ -104,6 +104,7 @@ SimResult Summarize(const SimOptions& o, SimStrategy id, int cp, const std::vect
     r.bytes_moved += b.bytes_moved / n;
     r.max_buffer_bytes = std::max(r.max_buffer_bytes, b.max_buffer_bytes);
     tolerance_sum += b.tolerance_sum;
+    load_ratio_sum += b.load_ratio_sum;
     plans += b.plans;
     SimBreakdown& s = r.breakdown;
     s.forward_linear_s += b.breakdown.forward_linear_s / n;
@@ -116,6 +117,7 @@ SimResult Summarize(const SimOptions& o, SimStrategy id, int cp, const std::vect
   r.memory_mean_bytes = memory_count > 0 ? memory_sum / memory_count : 0.0;
   r.memory_fits = r.memory_max_bytes <= o.hardware.memory_bytes;
   r.tolerance_used = plans > 0 ? tolerance_sum / plans : 0.0;
+  r.load_max_over_mean = plans > 0 ? load_ratio_sum / plans : 0.0;
   r.tokens_per_s = r.iteration_s > 0 ? double(o.batch_size) * double(o.max_doc_len) / r.iteration_s : 0.0;
   return r;
 }

@@ -98,6 +98,7 @@ struct BatchOutcome {
   double bytes_moved = 0;
   double max_buffer_bytes = 0;  // per device
   double tolerance_sum = 0;     // CAD: sum of the plans' eps
+  double load_ratio_sum = 0;    // CAD: sum of the plans' busiest load / mean load
   int plans = 0;                // CAD: plans built
   // distca-paper: seconds its ranks spent on dummy work in bubbles, summed
   // over ranks (counted as idle, not in busy_s).

@@ -724,6 +724,23 @@ TEST(ColocatedTest, EachExchangeCarriesItsOwnBytes) {
   ASSERT_GT(waited, 0.0);
   // (The sums run in different orders: equal to rounding.)
   EXPECT_NEAR(r.idle_fraction, waited / (2 * r.iteration_s), 1e-12);
+  // The plan's balance, in causal pairs: rank 1 serves 393472 + 131328,
+  // rank 0 twice 131328.
+  EXPECT_NEAR(r.load_max_over_mean, 524800.0 / 393728.0, 1e-12);
+}
+
+TEST(CadTest, ReportsTheBalanceItsPlansReach) {
+  // The batch above, balanced: distca caps the busiest server at (1 + eps)
+  // x the mean; the baselines plan nothing and report none.
+  SimOptions o = TestOptions();
+  o.ping_pong = false;
+  for (double eps : {0.02, 0.05, 0.2}) {
+    o.tolerance = eps;
+    const SimResult r = SimulateOne(o, {{512, 1024, 512}}, SimStrategy::kDistca);
+    EXPECT_GE(r.load_max_over_mean, 1.0) << eps;
+    EXPECT_LE(r.load_max_over_mean, 1.0 + eps + 1e-9) << eps;
+  }
+  EXPECT_EQ(SimulateOne(o, {{512, 1024, 512}}, SimStrategy::kWlbIdeal).load_max_over_mean, 0.0);
 }
 
 // A step's busy time is the union of the rank's compute, from the step's
@@ -1717,17 +1734,18 @@ TEST(GridTest, PaperGridShapesAndCsv) {
   r.max_buffer_bytes = 2.125e9;
   r.cp = 4;
   r.tolerance_used = 0.05;
+  r.load_max_over_mean = 1.03;
   const GridPoint& g = points[0];
   EXPECT_EQ(GridCsvRow(g, r, run, "whole"),
             g.Label() + "," + g.model + "," + std::to_string(g.gpus) + "," + std::to_string(g.tp) + "," +
                 std::to_string(g.pp) + "," + std::to_string(g.max_doc_len) + "," + std::to_string(g.batch_size) +
-                ",distca-paper,1.500000,12345.6,1.2345,0.0625,12.500,10.250,1,3.500,2.1250,4,0.050," +
+                ",distca-paper,1.500000,12345.6,1.2345,0.0625,12.500,10.250,1,3.500,2.1250,4,0.050,1.0300," +
                 std::to_string(g.micro_batches) + ",0,whole-batch,0.125000" + settings);
   // A row reports the micro-batches its strategy ran.
   GridPoint fewer = g;
   fewer.micro_batches = 8;
   fewer.cad_micro_batches = 4;
-  EXPECT_NE(GridCsvRow(fewer, r, run, "whole").find(",0.050,4,0,"), std::string::npos);
+  EXPECT_NE(GridCsvRow(fewer, r, run, "whole").find(",0.050,1.0300,4,0,"), std::string::npos);
   r.strategy = SimStrategy::kWlbIdeal;
   EXPECT_NE(GridCsvRow(fewer, r, run, "whole").find(",8,0,whole-batch"), std::string::npos);
   r.strategy = SimStrategy::kDistcaPaper;
