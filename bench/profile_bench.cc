@@ -266,6 +266,7 @@ bool RunProfileBench(const ProfileBenchOptions& o, std::string* error) {
     // (distca-train's defaults, on the profile read back) out of sample.
     so.ping_pong = base.ping_pong;
     so.tolerance = base.tolerance;
+    so.plan_by_flops = true;  // as distca-train plans (no --cost-table)
     for (size_t i = 0; i < results.size(); ++i) {
       const std::vector<int64_t>& lengths = colocated[i].lengths;
       SimOptions mo = so;

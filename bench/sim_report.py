@@ -201,6 +201,20 @@ def main():
         speed = [float(s["distca"]["speedup"]) / float(s["distca-paper"]["speedup"]) for s in g]
         print(f"- {key}: bytes {span(ratio('bytes_moved_gb'))}x, buffer {span(ratio('max_buffer_gb'))}x, "
               f"speed {span(speed)}x ({sum(1 for v in speed if v > 1)} of {len(speed)} faster)")
+        balance = lambda s: span([float(c[s]["load_max_over_mean"]) for c in g])
+        print(f"- {key}: the plans' busiest server over the mean: distca-paper {balance('distca-paper')} "
+              f"(FLOPs), distca {balance('distca')} (the measured table's seconds)")
+    # What planning by the measured table instead of FLOPs is worth.
+    for key in ("3d", "4d"):
+        rows, _ = sim.grid(key, os.path.join(out, f"{key}-flops"), "--plan-by-flops",
+                           "--strategies", "wlb-ideal,distca-paper,distca")
+        g = configs(rows)
+        by_table = [float(grids[key][n]["distca"]["speedup"]) / float(s["distca"]["speedup"]) for n, s in g.items()]
+        speed = [float(s["distca"]["speedup"]) / float(s["distca-paper"]["speedup"]) for s in g.values()]
+        balance = span([float(s["distca"]["load_max_over_mean"]) for s in g.values()])
+        print(f"- {key}, distca planning by FLOPs (--plan-by-flops; balance {balance} in FLOPs): speed against "
+              f"distca-paper {span(speed)}x ({sum(1 for v in speed if v > 1)} of {len(speed)} faster); planning "
+              f"by the table is {span(by_table)}x that")
     # Each strategy runs its own wire format (distca-paper DistCA's, distca
     # this runtime's); with the same for both, the planners alone differ.
     for wire in ("distca-artifact", "distca"):

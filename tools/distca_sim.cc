@@ -98,6 +98,7 @@ nlohmann::json ToJson(const Args& a, const SimOptions& o, const SimResult& r) {
           {"wire", wire ? nlohmann::json(distca::PlanWireName(*wire)) : nlohmann::json(nullptr)},
           {"tolerance", o.tolerance},
           {"comm_budget", o.comm_budget},
+          {"plan_by_flops", o.plan_by_flops},
           {"servers", o.dedicated_servers},
           {"iteration_s", r.iteration_s},
           {"tokens_per_s", r.tokens_per_s},
@@ -507,6 +508,10 @@ int Run(int argc, char** argv) {
                  "CAD planner's eps: distca's first (raised while the buffer binds), distca-paper's lowest of DistCA's "
                  "tolerance lists (Default: 0.05)")
       ->check(nonneg);
+  app.add_flag(
+      "--plan-by-flops", o.plan_by_flops,
+      "distca plans by FLOPs, as distca-train does without --cost-table, instead of by the hardware profile's measured "
+      "attention table (the seconds its servers spend)");
   app.add_option("--comm-budget", o.comm_budget,
                  "CAD buffer: bytes a device may send or receive in one all-to-all, 0 = unlimited (Default: 2 GiB = "
                  "2147483648)")
@@ -587,6 +592,8 @@ int Run(int argc, char** argv) {
     using distca::SimStrategy;
     if (app.count("--servers") > 0 && !listed({SimStrategy::kDistca}))
       return Fail("--servers gives distca dedicated servers: it needs distca among --strategies");
+    if (o.plan_by_flops && !listed({SimStrategy::kDistca}))
+      return Fail("--plan-by-flops sets how distca plans: it needs distca among --strategies");
     if (!listed({SimStrategy::kDistca, SimStrategy::kDistcaPaper}))
       if (const char* flag = distca::cli::FirstGiven(app, {"--tolerance", "--comm-budget", "--wire", "--no-ping-pong"}))
         return Fail(fmt::format("{} configures CAD: it needs distca or distca-paper among --strategies", flag));

@@ -33,7 +33,7 @@ int Fail(const std::string& message) { return distca::cli::Fail("distca-train", 
 struct Args {
   distca::cli::ModelFlags model{"small"};
   std::string data, data_glob, docs_file, attention = "cad", policy = "distca";
-  std::string backward = "stateless", ping_pong = "on", trace_file, json_log;
+  std::string backward = "stateless", ping_pong = "on", trace_file, json_log, cost_table;
   std::optional<int> ranks;
   std::optional<double> comm_timeout;
   bool compare = false;
@@ -241,6 +241,10 @@ int Run(int argc, char** argv) {
       ->check(CLI::IsMember({"stateless", "cached"}));
   app.add_option("--ping-pong", a.ping_pong, "on or off (Default: on)")->check(CLI::IsMember({"on", "off"}));
   app.add_option("--block", t.block, "CA-task granularity in tokens (Default: 128)")->check(pos);
+  app.add_option("--cost-table", a.cost_table,
+                 "CAD: CSV q_len,kv_len,seconds (e.g. configs/hardware/cpu-attention.csv): the planner balances the "
+                 "kernel's measured time instead of FLOPs")
+      ->check(distca::cli::kPath);
   app.add_option("--ranks", a.ranks, "ranks as threads of this process (Default: 1; under mpirun: the MPI ranks)")
       ->check(pos);
   app.add_option("--comm-timeout", a.comm_timeout,
@@ -277,9 +281,18 @@ int Run(int argc, char** argv) {
     if (const char* flag = FirstGiven(app, {"--upsample", "--filter-ratio", "--elongate"}))
       return Fail(fmt::format("{} shapes sampled lengths: it needs --data synthetic:FILE", flag));
   if (t.attention == distca::AttentionMode::kColocated && !a.compare)
-    if (const char* flag = FirstGiven(app, {"--policy", "--tolerance", "--backward-mode", "--ping-pong"}))
+    if (const char* flag =
+            FirstGiven(app, {"--policy", "--tolerance", "--backward-mode", "--ping-pong", "--cost-table"}))
       return Fail(fmt::format("{} configures disaggregated attention: it needs --attention cad (or --compare)", flag));
   if (app.count("--save-every") > 0 && t.save_dir.empty()) return Fail("--save-every needs --save DIR");
+  if (!a.cost_table.empty()) {
+    std::string csv;
+    distca::CostModel table;
+    s = distca::ReadTextFile(a.cost_table, &csv);
+    if (s.ok()) s = distca::CostModel::FromTableCsv(csv, &table);
+    if (!s.ok()) return Fail(s.WithContext("--cost-table " + a.cost_table).message());
+    t.cost_table = std::move(table);
+  }
   if (distca::LaunchedByMpirun())
     if (const char* flag = FirstGiven(app, {"--ranks", "--comm-timeout"}))
       return Fail(
@@ -357,7 +370,8 @@ int Run(int argc, char** argv) {
                    v.model.name, v.model.num_layers, v.model.hidden, v.model.q_heads, v.model.kv_heads,
                    v.model.ffn_hidden, comm.size(), comm.backend(), mode);
         if (v.attention == distca::AttentionMode::kCad)
-          fmt::print(" (policy {}, eps {}, {} backward, ping-pong {}{})", distca::PlanPolicyName(v.policy), v.tolerance,
+          fmt::print(" (policy {}, eps {}{}, {} backward, ping-pong {}{})", distca::PlanPolicyName(v.policy),
+                     v.tolerance, v.cost_table ? " of the cost table's seconds" : "",
                      v.backward == distca::BackwardMode::kCached ? "cached" : "stateless", v.ping_pong ? "on" : "off",
                      v.servers > 0 ? fmt::format(", {} dedicated servers", v.servers) : "");
         fmt::print("\n");

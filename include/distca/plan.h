@@ -93,9 +93,21 @@ class CostModel {
   const std::vector<double>& grid_seconds() const { return seconds_; }
 
  private:
+  // A grid axis's lookup: for each binary exponent e from the first
+  // point's, start[e - base] is the last index i <= size - 2 with grid[i]
+  // <= 2^e (0 if none), so that finding x's cell reads x's exponent and
+  // steps over the few points within its octave (one, on the measured
+  // tables' power-of-two grids) instead of searching the axis: the
+  // planners' searches look costs up millions of times per plan.
+  struct Octaves {
+    int base = 0;
+    std::vector<uint32_t> start;
+  };
+  static Octaves OctavesOf(const std::vector<double>& grid);
   double flops_per_pair_ = 0.0;
   std::vector<double> q_grid_, kv_grid_;  // sorted grid coordinates
-  std::vector<double> seconds_;           // [q index][kv index]
+  Octaves q_octaves_, kv_octaves_;
+  std::vector<double> seconds_;  // [q index][kv index]
   double TableSeconds(double q_len, double kv_len) const;
 };
 

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,10 @@ struct TrainOptions {
   BackwardMode backward = BackwardMode::kStateless;  // CAD. Default: stateless
   bool ping_pong = true;                             // CAD. Default: on
   int64_t block = 128;                               // task granularity. Default: 128
+  // CAD: the planner balances this measured table's seconds
+  // (CostModel::FromTableCsv: the kernel's time per task) instead of FLOPs.
+  // Default: none (FLOPs)
+  std::optional<CostModel> cost_table;
 
   // Bytes the job may hold on this machine: a run whose fp32 weights,
   // gradients and AdamW moments (16 bytes per parameter) and activations,
@@ -83,7 +88,7 @@ struct StepMetrics {
   double loss = 0.0;                // mean next-token cross-entropy (nats) over the global batch
   double step_s = 0.0;              // slowest rank's wall time of the step
   double tokens_per_s = 0.0;        // global tokens / step_s
-  double load_max_over_mean = 1.0;  // CA FLOPs per server, max / mean (from the plans)
+  double load_max_over_mean = 1.0;  // CA cost per server (FLOPs, or the cost table's seconds), max / mean
   int64_t comm_bytes = 0;           // attention bytes moved (all ranks, sent)
   double lr = 0.0;
   double grad_norm = 0.0;  // before clipping

@@ -2,7 +2,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <map>
 #include <sstream>
 #include <string>
@@ -19,23 +21,42 @@ CostModel CostModel::Flops(const PlanModel& model) {
 
 namespace {
 
-// Index i with grid[i] <= x <= grid[i + 1] (x clamped into the grid), and the
-// interpolation weight of grid[i + 1].
-std::pair<size_t, double> Bracket(const std::vector<double>& grid, double x) {
+// floor(log2(x)) for a normal positive x (std::ilogb's value, without its
+// library call): the exponent bits less the bias.
+int BinaryExponent(double x) { return int((std::bit_cast<uint64_t>(x) >> 52) & 0x7ff) - 1023; }
+
+// Index i with grid[i] <= x <= grid[i + 1] (x clamped into the grid; the
+// last i <= size - 2 with grid[i] <= x), and the interpolation weight of
+// grid[i + 1]. Grid points are at least 1 (FromTableCsv checks q_len >= 1).
+template <typename Octaves>
+std::pair<size_t, double> Bracket(const std::vector<double>& grid, const Octaves& octaves, double x) {
   if (grid.size() == 1) return {0, 0.0};
   x = std::clamp(x, grid.front(), grid.back());
-  size_t i = static_cast<size_t>(std::upper_bound(grid.begin(), grid.end(), x) - grid.begin());
-  i = std::clamp<size_t>(i, 1, grid.size() - 1) - 1;
+  size_t i = octaves.start[size_t(BinaryExponent(x) - octaves.base)];
+  while (i + 2 < grid.size() && grid[i + 1] <= x) ++i;
   return {i, (x - grid[i]) / (grid[i + 1] - grid[i])};
 }
 
 }  // namespace
 
+CostModel::Octaves CostModel::OctavesOf(const std::vector<double>& grid) {
+  Octaves o;
+  if (grid.size() < 2) return o;
+  o.base = std::ilogb(grid.front());
+  for (int e = o.base; e <= std::ilogb(grid.back()); ++e) {
+    const double edge = std::ldexp(1.0, e);
+    size_t i = static_cast<size_t>(std::upper_bound(grid.begin(), grid.end(), edge) - grid.begin());
+    i = std::clamp<size_t>(i, 1, grid.size() - 1) - 1;
+    o.start.push_back(static_cast<uint32_t>(i));
+  }
+  return o;
+}
+
 double CostModel::TableSeconds(double q_len, double kv_len) const {
   const size_t nk = kv_grid_.size();
   auto at = [&](size_t qi, size_t ki) { return seconds_[qi * nk + ki]; };
-  const auto [qi, qw] = Bracket(q_grid_, q_len);
-  const auto [ki, kw] = Bracket(kv_grid_, kv_len);
+  const auto [qi, qw] = Bracket(q_grid_, q_octaves_, q_len);
+  const auto [ki, kw] = Bracket(kv_grid_, kv_octaves_, kv_len);
   const size_t qj = std::min(qi + 1, q_grid_.size() - 1);
   const size_t kj = std::min(ki + 1, nk - 1);
   const double interpolated =
@@ -120,6 +141,8 @@ Status CostModel::FromTableCsv(std::string_view csv_text, CostModel* model) {
       }
     }
   }
+  c.q_octaves_ = OctavesOf(c.q_grid_);
+  c.kv_octaves_ = OctavesOf(c.kv_grid_);
   *model = std::move(c);
   return Status::Ok();
 }

@@ -131,6 +131,8 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
   base.model = {opt.model.q_heads, RankKvHeads(opt.model, opt.tp), opt.model.head_dim(), opt.hardware.dtype_bytes,
                 variant.wire};
   const CostModel flops = CostModel::Flops(base.model);
+  const CostModel& plan_cost =
+      variant.plan_by_measured_time && k.attention_table() != nullptr ? *k.attention_table() : flops;
 
   BatchOutcome o;
   o.busy_s.assign(total_ranks, 0.0);
@@ -232,7 +234,7 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
     for (size_t n = 0; n < parts.size(); ++n) DISTCA_RETURN_IF_ERROR(StageLayout(parts[n], G, &layouts[n]));
     std::vector<Plan> plans(parts.size());
     auto plan_one = [&](size_t n, const PlanOptions& q) {
-      return BuildPlanForLayout(layouts[n], q, flops, &plans[n])
+      return BuildPlanForLayout(layouts[n], q, plan_cost, &plans[n])
           .WithContext(fmt::format("tick {}, nano-batch {}", tick, n));
     };
     auto plan_all = [&](const PlanOptions& q) {

@@ -110,6 +110,10 @@ class RankCosts {
   // forward and backward seconds as measured.
   bool measured_attention() const { return table_.has_value(); }
   bool measured_attention_split() const { return forward_table_.has_value(); }
+  // The measured table's forward + backward cost of a task, unscaled (the
+  // seconds divided by one factor common to every task), for a planner to
+  // balance; null without a table.
+  const CostModel* attention_table() const { return table_ ? &*table_ : nullptr; }
   // A document of `length` under context parallelism over c ranks (head/tail
   // or zig-zag: 2c shards of length / 2c, two per rank, each rank 1/c of the
   // pairs; c = 1: the whole document as one task). Seconds on each rank

@@ -183,6 +183,10 @@ struct CadVariant {
   // linear work is its tokens, and a pipeline stage can only work on its own
   // wave.
   bool balanced_waves = false;
+  // Plan by the hardware profile's measured attention table (the seconds
+  // the servers spend, forward + backward) where it has one, instead of by
+  // FLOPs.
+  bool plan_by_measured_time = false;
   // A wave's two ping-pong nano-batches balanced in tokens and attention
   // (SplitNanoBatches); off: its first and second halves in order, as
   // DistCA's artifact splits ping and pong (EXPERIMENT_D2_BALANCE_PING_PONG

@@ -82,6 +82,44 @@ TEST(CostModelTest, TableInterpolatesBilinearlyAndScalesOutside) {
   EXPECT_NEAR(t.TaskCost(2048 - 512, 2048), 8.0 * pairs_out / pairs_in, 1e-9);
 }
 
+// The lookup finds a cell by the coordinate's binary exponent; checked
+// against a plain search over grids with several points per octave, none
+// on a power of two, and points in the octave just below the first one's.
+TEST(CostModelTest, TableLookupMatchesABinarySearch) {
+  const std::vector<double> q = {3, 5, 6, 7, 12, 100, 1000}, kv = {3, 5, 6, 7, 12, 100, 1000, 1500, 70000};
+  std::string csv = "q_len,kv_len,seconds\n";
+  std::vector<double> at(q.size() * kv.size());
+  for (size_t i = 0; i < q.size(); ++i)
+    for (size_t j = 0; j < kv.size(); ++j) {
+      at[i * kv.size() + j] = 1e-6 * double(1 + 3 * i + 7 * j + (i * j) % 5);
+      if (kv[j] >= q[i]) csv += fmt::format("{},{},{}\n", q[i], kv[j], at[i * kv.size() + j]);
+    }
+  for (size_t i = 0; i < q.size(); ++i)  // cells below the diagonal copy (kv, kv)
+    for (size_t j = 0; j < kv.size(); ++j)
+      if (kv[j] < q[i])
+        at[i * kv.size() + j] = at[size_t(std::find(q.begin(), q.end(), kv[j]) - q.begin()) * kv.size() + j];
+  CostModel t;
+  ASSERT_TRUE(CostModel::FromTableCsv(csv, &t).ok());
+  const auto bracket = [](const std::vector<double>& g, double x) {
+    x = std::clamp(x, g.front(), g.back());
+    size_t i = size_t(std::upper_bound(g.begin(), g.end(), x) - g.begin());
+    i = std::clamp<size_t>(i, 1, g.size() - 1) - 1;
+    return std::pair{i, (x - g[i]) / (g[i + 1] - g[i])};
+  };
+  for (int64_t kv_len = 3; kv_len <= 70000; kv_len += kv_len < 200 ? 1 : 97) {
+    for (int64_t q_len : {int64_t{3}, int64_t{4}, int64_t{6}, int64_t{8}, int64_t{12}, int64_t{13}, int64_t{99},
+                          int64_t{100}, int64_t{512}, int64_t{1000}}) {
+      if (q_len > kv_len) continue;
+      const auto [qi, qw] = bracket(q, double(q_len));
+      const auto [ki, kw] = bracket(kv, double(kv_len));
+      const auto cell = [&](size_t a, size_t b) { return at[a * kv.size() + b]; };
+      const double want = (1 - qw) * ((1 - kw) * cell(qi, ki) + kw * cell(qi, ki + 1)) +
+                          qw * ((1 - kw) * cell(qi + 1, ki) + kw * cell(qi + 1, ki + 1));
+      EXPECT_NEAR(t.TaskCost(kv_len - q_len, kv_len), want, 1e-15) << q_len << ", " << kv_len;
+    }
+  }
+}
+
 std::vector<int64_t> Skewed();  // below: one long document and many short ones
 
 // The busiest rank's forward + backward bytes in a plan of `docs` at eps
@@ -879,6 +917,38 @@ TEST(PlannerTest, DistcaWithATableTriesTighterBoundsWhereTheMeanMoved) {
   ASSERT_TRUE(BuildPlan({5658}, o, table, &colocated).ok());
   std::vector<double> loads;
   EXPECT_FALSE(GreedyOnly(colocated, table, 1.0, &loads).bound_met);
+}
+
+// A table whose pairs cost more on short tasks (1 + 128 / q_len ns each): a
+// 1,024-token document on rank 0 and four of 256 on rank 1, block 128. Cut,
+// the document costs more than whole, and the greedy, capped from the
+// colocated mean, misses (1.15 x the mean) where the plan for FLOPs, costed
+// by the table, is within 1.05 x: distca keeps that one.
+TEST(PlannerTest, DistcaWithATableAlsoTriesThePlanForFlops) {
+  CostModel table;
+  ASSERT_TRUE(CostModel::FromTableCsv("q_len,kv_len,seconds\n128,128,1.6512e-05\n128,256,4.928e-05\n"
+                                      "128,512,0.000114816\n128,1024,0.000245888\n256,256,4.9344e-05\n"
+                                      "256,512,0.000147648\n256,1024,0.000344256\n512,512,0.00016416\n"
+                                      "512,1024,0.00049184\n1024,1024,0.0005904\n",
+                                      &table)
+                  .ok());
+  PlanOptions o;
+  o.ranks = 2;
+  o.policy = PlanPolicy::kDistca;
+  Plan p;
+  ASSERT_TRUE(BuildPlan({1024, 256, 256, 256, 256}, o, table, &p).ok());
+  ASSERT_TRUE(ValidatePlan(p, table).ok());
+  EXPECT_TRUE(p.bound_met);
+  EXPECT_LE(p.stats.max_over_mean(), 1.05 + 1e-9);
+  // The table's own greedy misses.
+  Plan colocated;
+  o.policy = PlanPolicy::kColocated;
+  ASSERT_TRUE(BuildPlan({1024, 256, 256, 256, 256}, o, table, &colocated).ok());
+  std::vector<double> loads;
+  const Plan greedy = GreedyOnly(colocated, table, 0.05, &loads);
+  EXPECT_FALSE(greedy.bound_met);
+  const double mean = std::accumulate(loads.begin(), loads.end(), 0.0) / double(loads.size());
+  EXPECT_GT(*std::max_element(loads.begin(), loads.end()), 1.1 * mean);
 }
 
 // Block 256: rank 7's rows are one indivisible unit of 229,504 pairs, the

@@ -44,6 +44,35 @@ TEST(TrainTest, DedicatedServerEqualsColocated) {
   EXPECT_TRUE(s.ok()) << s.ToString();
 }
 
+// Planned by a measured table instead of FLOPs, CAD moves other rows (a
+// table that charges a causal pair more the longer the task's prefix) and
+// still trains exactly as colocated.
+TEST(TrainTest, CadPlannedByACostTableEqualsColocated) {
+  TrainResult ref, got;
+  TrainOptions t = TinyTrainOptions(3);
+  t.attention = AttentionMode::kColocated;
+  Status s = RunLocal(3, [&](Comm& comm) { return TrainAndCollect(comm, t, "table-ref", &ref); });
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  t.attention = AttentionMode::kCad;
+  std::vector<int64_t> flops_bytes, table_bytes;
+  s = RunLocal(3, [&](Comm& comm) {
+    return Train(comm, t, [&](const StepMetrics& m) { flops_bytes.push_back(m.comm_bytes); });
+  });
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  CostModel table;
+  ASSERT_TRUE(CostModel::FromTableCsv("q_len,kv_len,seconds\n1,1,1e-9\n1,1024,3e-6\n1024,1024,1e-3\n", &table).ok());
+  t.cost_table = table;
+  s = RunLocal(3, [&](Comm& comm) { return TrainAndCollect(comm, t, "table", &got); });
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  s = testing::CompareRuns(ref, got, t, "planned by a cost table");
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  s = RunLocal(3, [&](Comm& comm) {
+    return Train(comm, t, [&](const StepMetrics& m) { table_bytes.push_back(m.comm_bytes); });
+  });
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_NE(table_bytes, flops_bytes);
+}
+
 TEST(TrainTest, LossDecreases) {
   TrainOptions t = TinyTrainOptions(2);
   t.steps = 12;
