@@ -96,9 +96,10 @@ class CostModel {
   // A grid axis's lookup: for each binary exponent e from the first
   // point's, start[e - base] is the last index i <= size - 2 with grid[i]
   // <= 2^e (0 if none), so that finding x's cell reads x's exponent and
-  // steps over the few points within its octave (one, on the measured
-  // tables' power-of-two grids) instead of searching the axis: the
-  // planners' searches look costs up millions of times per plan.
+  // searches only the points within its octave (none beyond one
+  // comparison on the measured tables' power-of-two grids) instead of the
+  // whole axis: the planners' searches look costs up millions of times per
+  // plan.
   struct Octaves {
     int base = 0;
     std::vector<uint32_t> start;

@@ -308,11 +308,14 @@ struct SimResult {
   // micro_batches set (B L / (m G) tokens per rank); colocated: 1.
   int cp = 0;
   double tolerance_used = 0;  // CAD: mean eps of the plans (after comm-budget raises)
-  // CAD: mean over the plans of the busiest server's attention load over the
-  // mean load, in the planner's cost (FLOPs): the balance eps bought. The
-  // policies read eps differently (distca bounds the busiest server by
-  // (1 + eps) x the mean; the paper's recipients pull until within eps of
-  // it), so at one eps their balance differs; 0 for other strategies.
+  // Strategies that plan (distca, distca-paper, colocated): mean over the
+  // plans of the busiest server's attention load over the mean load, in
+  // the cost the plan balanced (FLOPs; distca by default the measured
+  // table's seconds): the balance eps bought. The policies read eps
+  // differently (distca bounds the busiest server by (1 + eps) x the mean;
+  // the paper's recipients pull until within eps of it), so at one eps
+  // their balance differs. 0 for the baselines; the JSON and the grid CSV
+  // give it for distca and distca-paper only.
   double load_max_over_mean = 0;
   // Seconds of the gradient sync in each iteration (SimOptions::grad_sync;
   // the same for every strategy at a shape); its bytes are not in

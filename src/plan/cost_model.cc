@@ -32,8 +32,14 @@ template <typename Octaves>
 std::pair<size_t, double> Bracket(const std::vector<double>& grid, const Octaves& octaves, double x) {
   if (grid.size() == 1) return {0, 0.0};
   x = std::clamp(x, grid.front(), grid.back());
-  size_t i = octaves.start[size_t(BinaryExponent(x) - octaves.base)];
-  while (i + 2 < grid.size() && grid[i + 1] <= x) ++i;
+  // The cell lies between x's octave's start and the next octave's (the
+  // axis's last cell for the last octave): one comparison on a
+  // power-of-two grid, a binary search over the octave's points on a
+  // denser one.
+  const size_t k = size_t(BinaryExponent(x) - octaves.base);
+  const size_t lo = octaves.start[k], hi = k + 1 < octaves.start.size() ? octaves.start[k + 1] : grid.size() - 2;
+  const auto first = grid.begin() + std::ptrdiff_t(lo) + 1, last = grid.begin() + std::ptrdiff_t(hi) + 1;
+  const size_t i = size_t(std::upper_bound(first, last, x) - grid.begin()) - 1;
   return {i, (x - grid[i]) / (grid[i + 1] - grid[i])};
 }
 

@@ -4,6 +4,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -114,7 +115,8 @@ TokenRows RowsOf(const Batch& batch, const Plan& plan, const std::vector<int>& n
   return rows;
 }
 
-// CA FLOPs per server summed over the nano-batches: max / mean.
+// CA cost per server (FLOPs, or the cost table's seconds) summed over the
+// nano-batches: max / mean.
 double LoadMaxOverMean(const std::vector<Plan>& plans) {
   std::vector<double> load;
   for (const Plan& p : plans) {
@@ -362,6 +364,30 @@ Status CheckRanksStartAlike(Comm& comm, int64_t step, int64_t final_step, const 
                   differs));
 }
 
+// Every rank plans with the same cost: each process reads its own
+// --cost-table, and ranks given different tables (node-local copies that
+// differ, as `distca-bench profile` writes one per machine) would plan
+// different exchanges (see CheckRanksReadAlike).
+Status CheckRanksPlanAlike(Comm& comm, const TrainOptions& o) {
+  Fnv h;
+  h.Add(o.cost_table ? 1 : 0);
+  if (o.cost_table) {
+    for (const std::vector<double>* v :
+         {&o.cost_table->q_grid(), &o.cost_table->kv_grid(), &o.cost_table->grid_seconds()}) {
+      h.Add(v->size());
+      for (double x : *v) h.Add(std::bit_cast<uint64_t>(x));
+    }
+  }
+  uint64_t root = 0;
+  int differs = 0;
+  DISTCA_RETURN_IF_ERROR(CompareWithRoot(comm, &h.hash, &root, sizeof root, &differs));
+  if (differs == 0) return Status::Ok();
+  return Status::FailedPrecondition(
+      fmt::format("{} rank(s) plan with another cost table than rank 0 (--cost-table): every rank must be given the "
+                  "same table",
+                  differs));
+}
+
 // Every rank read the same batch (its documents' lengths and tokens). Each
 // rank reads the data itself; ranks given different data (node-local
 // copies that differ) would plan different exchanges, whose messages then
@@ -473,6 +499,7 @@ Status Train(Comm& comm, const TrainOptions& options, const std::function<void(c
                 fmt::format("{}: batches[{}]", o.data.docs_file.empty() ? "given batches" : o.data.docs_file, b)));
   }
   DISTCA_RETURN_IF_ERROR(CheckRanksStartAlike(comm, step, o.steps, stream->position(), *model));
+  DISTCA_RETURN_IF_ERROR(CheckRanksPlanAlike(comm, o));
 
   PingPongOptions exec_options;
   exec_options.layers = o.model.num_layers;

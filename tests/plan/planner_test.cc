@@ -83,8 +83,10 @@ TEST(CostModelTest, TableInterpolatesBilinearlyAndScalesOutside) {
 }
 
 // The lookup finds a cell by the coordinate's binary exponent; checked
-// against a plain search over grids with several points per octave, none
-// on a power of two, and points in the octave just below the first one's.
+// against a plain search over grids with several points per octave and few
+// on a power of two, at every grid point, between them and beyond both
+// ends (where costs scale from the clamped point by causal pairs), and on a
+// table of one point.
 TEST(CostModelTest, TableLookupMatchesABinarySearch) {
   const std::vector<double> q = {3, 5, 6, 7, 12, 100, 1000}, kv = {3, 5, 6, 7, 12, 100, 1000, 1500, 70000};
   std::string csv = "q_len,kv_len,seconds\n";
@@ -106,16 +108,35 @@ TEST(CostModelTest, TableLookupMatchesABinarySearch) {
     i = std::clamp<size_t>(i, 1, g.size() - 1) - 1;
     return std::pair{i, (x - g[i]) / (g[i + 1] - g[i])};
   };
-  for (int64_t kv_len = 3; kv_len <= 70000; kv_len += kv_len < 200 ? 1 : 97) {
-    for (int64_t q_len : {int64_t{3}, int64_t{4}, int64_t{6}, int64_t{8}, int64_t{12}, int64_t{13}, int64_t{99},
-                          int64_t{100}, int64_t{512}, int64_t{1000}}) {
+  std::vector<int64_t> kv_lens;
+  for (int64_t kv_len = 1; kv_len <= 90000; kv_len += kv_len < 200 ? 1 : 97) kv_lens.push_back(kv_len);
+  kv_lens.insert(kv_lens.end(), {1000, 1500, 70000, 70001, 1 << 20});
+  for (int64_t kv_len : kv_lens) {
+    for (int64_t q_len :
+         {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{4}, int64_t{6}, int64_t{8}, int64_t{12}, int64_t{13}, int64_t{99},
+          int64_t{100}, int64_t{512}, int64_t{1000}, int64_t{1001}, int64_t{5000}}) {
       if (q_len > kv_len) continue;
       const auto [qi, qw] = bracket(q, double(q_len));
       const auto [ki, kw] = bracket(kv, double(kv_len));
       const auto cell = [&](size_t a, size_t b) { return at[a * kv.size() + b]; };
-      const double want = (1 - qw) * ((1 - kw) * cell(qi, ki) + kw * cell(qi, ki + 1)) +
-                          qw * ((1 - kw) * cell(qi + 1, ki) + kw * cell(qi + 1, ki + 1));
-      EXPECT_NEAR(t.TaskCost(kv_len - q_len, kv_len), want, 1e-15) << q_len << ", " << kv_len;
+      double want = (1 - qw) * ((1 - kw) * cell(qi, ki) + kw * cell(qi, ki + 1)) +
+                    qw * ((1 - kw) * cell(qi + 1, ki) + kw * cell(qi + 1, ki + 1));
+      const double qc = std::clamp(double(q_len), q.front(), q.back());
+      const double kc = std::clamp(double(kv_len), kv.front(), kv.back());
+      if (qc != double(q_len) || kc != double(kv_len))
+        want *= CausalPairsReal(double(q_len), double(kv_len)) / CausalPairsReal(std::min(qc, kc), kc);
+      EXPECT_NEAR(t.TaskCost(kv_len - q_len, kv_len), want, 1e-15 * std::max(1.0, want)) << q_len << ", " << kv_len;
+    }
+  }
+  // One point: every task scales from it by causal pairs.
+  CostModel one;
+  ASSERT_TRUE(CostModel::FromTableCsv("q_len,kv_len,seconds\n64,256,2e-3\n", &one).ok());
+  for (int64_t kv_len : {1, 64, 256, 1000}) {
+    for (int64_t q_len : {int64_t{1}, int64_t{64}, kv_len}) {
+      if (q_len > kv_len) continue;
+      EXPECT_NEAR(one.TaskCost(kv_len - q_len, kv_len),
+                  2e-3 * CausalPairsReal(double(q_len), double(kv_len)) / CausalPairsReal(64, 256), 1e-15)
+          << q_len << ", " << kv_len;
     }
   }
 }

@@ -71,6 +71,19 @@ TEST(TrainTest, CadPlannedByACostTableEqualsColocated) {
   });
   ASSERT_TRUE(s.ok()) << s.ToString();
   EXPECT_NE(table_bytes, flops_bytes);
+  // Ranks given different tables (or one none) would plan different
+  // exchanges: refused before the first step.
+  CostModel other;
+  ASSERT_TRUE(CostModel::FromTableCsv("q_len,kv_len,seconds\n1,1,1e-9\n1,1024,3e-6\n1024,1024,2e-3\n", &other).ok());
+  for (const std::optional<CostModel>& rank1 : {std::optional<CostModel>(other), std::optional<CostModel>()}) {
+    s = RunLocal(3, [&](Comm& comm) {
+      TrainOptions mine = t;
+      if (comm.rank() == 1) mine.cost_table = rank1;
+      return Train(comm, mine, nullptr);
+    });
+    EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+    EXPECT_NE(s.message().find("plan with another cost table than rank 0"), std::string::npos) << s.ToString();
+  }
 }
 
 TEST(TrainTest, LossDecreases) {
