@@ -255,10 +255,10 @@ struct SimOptions {
   // those, whatever the budget (docs/simulator.md, "Memory"). Default: 2 GiB (DistCA's
   // NVSHMEM buffer: EXPERIMENT_NVSHMEM_BUFFER_SIZE_GB=2, multiplied by 1024^3)
   int64_t comm_budget = int64_t{2} << 30;
-  // distca: plan by FLOPs, as distca-train does without --cost-table, instead of by the hardware
-  // profile's measured attention table (the seconds its servers spend;
-  // without a table distca plans by FLOPs anyway). distca-paper always plans
-  // by FLOPs, as published. Default: off
+  // distca: plan by FLOPs, as distca-train does without --cost-table,
+  // instead of by the hardware profile's measured attention table (the
+  // seconds its servers spend; without a table distca plans by FLOPs
+  // anyway). distca-paper always plans by FLOPs, as published. Default: off
   bool plan_by_flops = false;
   int threads = 0;  // OpenMP threads over batches; 0 = OMP_NUM_THREADS. Default: 0
 };

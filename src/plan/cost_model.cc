@@ -48,8 +48,8 @@ std::pair<size_t, double> Bracket(const std::vector<double>& grid, const Octaves
 CostModel::Octaves CostModel::OctavesOf(const std::vector<double>& grid) {
   Octaves o;
   if (grid.size() < 2) return o;
-  o.base = std::ilogb(grid.front());
-  for (int e = o.base; e <= std::ilogb(grid.back()); ++e) {
+  o.base = BinaryExponent(grid.front());
+  for (int e = o.base; e <= BinaryExponent(grid.back()); ++e) {
     const double edge = std::ldexp(1.0, e);
     size_t i = static_cast<size_t>(std::upper_bound(grid.begin(), grid.end(), edge) - grid.begin());
     i = std::clamp<size_t>(i, 1, grid.size() - 1) - 1;

@@ -1026,10 +1026,10 @@ Status PlanDistca(const CostModel& cost, double eps, DistcaRead read, Plan* plan
   Plan input = *plan;  // the planners change only the tasks
   input.tasks.clear();
   const auto max_of = [](const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); };
-  const auto meets_eps = [&](const std::vector<double>& v) {
-    const double mean = std::accumulate(v.begin(), v.end(), 0.0) / double(v.size());
-    return max_of(v) <= (1 + eps) * mean * (1 + 1e-9);
+  const auto mean_of = [](const std::vector<double>& v) {
+    return std::accumulate(v.begin(), v.end(), 0.0) / double(v.size());
   };
+  const auto meets_eps = [&](const std::vector<double>& v) { return max_of(v) <= (1 + eps) * mean_of(v) * (1 + 1e-9); };
   // Keeps `trial` if it is better: it meets eps where the kept plan does
   // not, or, both or neither meeting it, has the lower maximum load.
   const auto consider = [&](Plan& trial, std::vector<double>& trial_loads) {
@@ -1088,9 +1088,6 @@ Status PlanDistca(const CostModel& cost, double eps, DistcaRead read, Plan* plan
   // up to twice the largest buffer.
   constexpr int kLooserTries = 10;
   double looser = std::max(2 * eps, 0.01);
-  const auto mean_of = [](const std::vector<double>& v) {
-    return std::accumulate(v.begin(), v.end(), 0.0) / double(v.size());
-  };
   met = false;
   for (int i = 0; i < kLooserTries && !met && !meets_eps(*loads) && (1 + looser) * mean_of(*loads) < max_of(*loads);
        ++i, looser *= 2)

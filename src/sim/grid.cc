@@ -109,8 +109,8 @@ Status PaperGrid(std::string_view dims, std::vector<GridPoint>* points, const Gr
 std::string GridCsvHeader() {
   return "config,model,gpus,tp,pp,max_doc_len,batch_size,strategy,iteration_s,tokens_per_s,speedup,"
          "idle_fraction,memory_max_gb,memory_mean_gb,memory_fits,bytes_moved_gb,max_buffer_gb,cp,tolerance_used,"
-         "load_max_over_mean,micro_batches,recompute_mlp,wlb_scope,grad_sync_s,ping_pong,wire,comm_budget,tolerance,servers,"
-         "grad_sync,distributed_optimizer,optimizer_moments,wlb_artifact_kv,packing,hardware\n";
+         "load_max_over_mean,micro_batches,recompute_mlp,wlb_scope,grad_sync_s,ping_pong,wire,comm_budget,tolerance,"
+         "servers,grad_sync,distributed_optimizer,optimizer_moments,wlb_artifact_kv,packing,hardware\n";
 }
 
 namespace {

@@ -86,7 +86,8 @@ Status BuildStepPlans(const std::vector<int64_t>& lengths, const TrainOptions& o
     out->nano_docs.emplace_back();
     for (int i = 0; i < static_cast<int>(lengths.size()); ++i) out->nano_docs[0].push_back(i);
   }
-  const CostModel cost = o.cost_table ? *o.cost_table : CostModel::Flops(po.model);
+  const CostModel flops = CostModel::Flops(po.model);
+  const CostModel& cost = o.cost_table ? *o.cost_table : flops;  // no copy of the table per step
   out->plans.resize(out->nano_docs.size());
   for (size_t n = 0; n < out->nano_docs.size(); ++n) {
     std::vector<int64_t> nano_lengths;
