@@ -3,11 +3,13 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <initializer_list>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -99,6 +101,7 @@ nlohmann::json ToJson(const Args& a, const SimOptions& o, const SimResult& r) {
           {"tolerance", o.tolerance},
           {"comm_budget", o.comm_budget},
           {"plan_by_flops", o.plan_by_flops},
+          {"plan_by_table", o.plan_by_table},
           {"servers", o.dedicated_servers},
           {"iteration_s", r.iteration_s},
           {"tokens_per_s", r.tokens_per_s},
@@ -370,7 +373,7 @@ int RunSearch(const Args& a, const std::vector<std::vector<int64_t>>& batches,
       for (size_t i = 0; i < t.results.size(); ++i) {
         const SimResult& r = t.results[i];
         if (t.status[i].ok()) {
-          line += fmt::format(" {:>12.4f}{}", r.iteration_s, r.memory_fits ? " " : "!");
+          line += fmt::format(" {:>11.4f}{}{}", r.iteration_s, t.screened[i] ? "~" : " ", r.memory_fits ? " " : "!");
         } else {
           line += fmt::format(" {:>13}", "-");
           skipped += fmt::format("\n{:>9}  {}", "", t.status[i].message());  // names the strategy
@@ -400,6 +403,14 @@ int RunSearch(const Args& a, const std::vector<std::vector<int64_t>>& batches,
     }
     return 0;
   }
+  const bool screened = std::any_of(trials.begin(), trials.end(), [](const distca::ShapeTrial& t) {
+    return std::find(t.screened.begin(), t.screened.end(), true) != t.screened.end();
+  });
+  if (screened)
+    fmt::print(
+        "'~': distca planned by FLOPs only, over {:g}% slower there than at its fastest shape so planned "
+        "(--search-exact plans every shape by the table)\n",
+        100 * o.search_screen_margin);
   fmt::print("\nbest shape per strategy (speedup over wlb-ideal's best):\n");
   fmt::print("{:<13} {:>4} {:>4} {:>9} {:>11} {:>8} {:>6} {:>9} {:>3}\n", "strategy", "tp", "pp", "iter s", "tokens/s",
              "speedup", "idle", "mem max", "cp");
@@ -508,10 +519,12 @@ int Run(int argc, char** argv) {
                  "CAD planner's eps: distca's first (raised while the buffer binds), distca-paper's lowest of DistCA's "
                  "tolerance lists (Default: 0.05)")
       ->check(nonneg);
-  app.add_flag(
-      "--plan-by-flops", o.plan_by_flops,
-      "distca plans by FLOPs, as distca-train does without --cost-table, instead of by the hardware profile's measured "
-      "attention table (the seconds its servers spend)");
+  app.add_flag("--plan-by-flops", o.plan_by_flops,
+               "distca plans by FLOPs alone, as distca-train does without --cost-table (by default it plans each tick "
+               "by the hardware profile's measured attention table and by FLOPs, and keeps the faster)");
+  app.add_flag("--plan-by-table", o.plan_by_table,
+               "distca plans by the hardware profile's measured attention table alone, as distca-train does with "
+               "--cost-table");
   app.add_option("--comm-budget", o.comm_budget,
                  "CAD buffer: bytes a device may send or receive in one all-to-all, 0 = unlimited (Default: 2 GiB = "
                  "2147483648)")
@@ -537,6 +550,10 @@ int Run(int argc, char** argv) {
                "size the job: every strategy at every tp x pp of --gpus (tp within a node; with --tp or --pp, only "
                "that tp or pp), and per strategy the "
                "fastest that fits in memory");
+  app.add_flag_callback(
+      "--search-exact", [&o] { o.search_screen_margin = std::numeric_limits<double>::infinity(); },
+      "with --search: simulate distca by the measured table at every shape, not only where its screen "
+      "planned by FLOPs could be the fastest");
   if (int rc = 0; !distca::cli::Parse(app, argc, argv, &rc)) return rc;
 
   Status s = a.model.Resolve(&o.model);
@@ -578,6 +595,8 @@ int Run(int argc, char** argv) {
                         "breakdown: drop {}",
                         flag));
   if (a.search && a.breakdown) return Fail("--search prints no breakdown: drop --breakdown");
+  if (app.count("--search-exact") > 0 && !a.search)
+    return Fail("--search-exact sets how --search simulates distca: it needs --search");
   // A grid holds both models, each with its own breakpoint.
   if (!a.paper_grid.empty() && app.count("--wlb-breakpoint") > 0)
     return Fail("--wlb-breakpoint is one model's: the grid runs two; drop it or run the grid's points one by one");
@@ -592,8 +611,10 @@ int Run(int argc, char** argv) {
     using distca::SimStrategy;
     if (app.count("--servers") > 0 && !listed({SimStrategy::kDistca}))
       return Fail("--servers gives distca dedicated servers: it needs distca among --strategies");
-    if (o.plan_by_flops && !listed({SimStrategy::kDistca}))
-      return Fail("--plan-by-flops sets how distca plans: it needs distca among --strategies");
+    for (const char* flag : {"--plan-by-flops", "--plan-by-table"})
+      if (app.count(flag) > 0 && !listed({SimStrategy::kDistca}))
+        return Fail(fmt::format("{} sets how distca plans: it needs distca among --strategies", flag));
+    if (o.plan_by_flops && o.plan_by_table) return Fail("--plan-by-flops and --plan-by-table: give one of the two");
     if (!listed({SimStrategy::kDistca, SimStrategy::kDistcaPaper}))
       if (const char* flag = distca::cli::FirstGiven(app, {"--tolerance", "--comm-budget", "--wire", "--no-ping-pong"}))
         return Fail(fmt::format("{} configures CAD: it needs distca or distca-paper among --strategies", flag));

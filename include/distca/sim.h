@@ -157,6 +157,13 @@ const char* WlbScopeName(WlbScope scope);
 // "per-micro-batch", "whole-batch" or "whole-batch-artifact-cap".
 Status ParseWlbScope(std::string_view name, WlbScope* scope);
 
+// SimOptions::search_screen_margin's default. Over the 90 shapes of the
+// paper's 4D configurations searched, planning by the table changed
+// distca's step by -4.5% to +0.6% against planning by FLOPs, and the
+// fastest shape by the table was at most 1.6% slower by FLOPs than the
+// fastest by FLOPs (docs/simulator.md, "Choosing tp and pp").
+inline constexpr double kSearchScreenMargin = 0.05;
+
 struct SimOptions {
   ModelConfig model;         // required (ModelPreset + overrides)
   HardwareProfile hardware;  // required
@@ -255,11 +262,22 @@ struct SimOptions {
   // those, whatever the budget (docs/simulator.md, "Memory"). Default: 2 GiB (DistCA's
   // NVSHMEM buffer: EXPERIMENT_NVSHMEM_BUFFER_SIZE_GB=2, multiplied by 1024^3)
   int64_t comm_budget = int64_t{2} << 30;
-  // distca: plan by FLOPs, as distca-train does without --cost-table,
-  // instead of by the hardware profile's measured attention table (the
-  // seconds its servers spend; without a table distca plans by FLOPs
-  // anyway). distca-paper always plans by FLOPs, as published. Default: off
+  // distca plans each tick by the hardware profile's measured attention
+  // table (the seconds its servers spend) and by FLOPs, and keeps the plans
+  // whose tick the cost model predicts shorter (docs/simulator.md,
+  // "distca-paper, distca, colocated"); without a table it plans by FLOPs.
+  // plan_by_flops: by FLOPs alone, as distca-train does without
+  // --cost-table; plan_by_table: by the table alone, as distca-train does
+  // with it. distca-paper always plans by FLOPs, as published. Default: off
   bool plan_by_flops = false;
+  bool plan_by_table = false;
+  // SearchParallelism: distca planning by the measured table is first
+  // simulated at every shape planning by FLOPs (a tenth of the time) and
+  // then by the table only where that screen is at most this fraction
+  // slower than the fastest fitting one (docs/simulator.md, "Choosing tp
+  // and pp"). Infinity: every shape by the table (--search-exact). Default:
+  // kSearchScreenMargin
+  double search_screen_margin = kSearchScreenMargin;
   int threads = 0;  // OpenMP threads over batches; 0 = OMP_NUM_THREADS. Default: 0
 };
 
@@ -381,6 +399,10 @@ struct ShapeTrial {
   int tp = 0, pp = 0;
   std::vector<Status> status;
   std::vector<SimResult> results;
+  // Per strategy: true where the result is the screen's (distca planned by
+  // FLOPs; see SimOptions::search_screen_margin), kept because the shape could not
+  // be the fastest.
+  std::vector<bool> screened;
 };
 
 // Simulates `batches` at each (tp, pp) of `shapes` (e.g. ParallelShapes;
@@ -393,8 +415,15 @@ struct ShapeTrial {
 // runs at no shape gets tp = pp = 0 and the reasons in its status, and the
 // others their choices. An error says that no strategy runs at any shape
 // (naming the first one's reasons) or that `shapes` is empty.
+// distca planning by the measured table is screened (see
+// SimOptions::search_screen_margin): simulated at every shape by FLOPs, then by the table
+// where that screen is within the margin of the fastest fitting
+// one (at every shape when none fits), and wherever a kept screen would
+// otherwise be chosen, so a choice is always simulated by the table.
 // on_shape, when given, is called with each shape's trial as soon as it is
-// simulated (a search over many shapes takes minutes: the tool prints them).
+// simulated (a search over many shapes takes minutes: the tool prints
+// them); with a screen, once the screen is done, and again for a shape
+// simulated by the table after its call.
 Status SearchParallelism(const SimOptions& options, const std::vector<std::vector<int64_t>>& batches,
                          const std::vector<SimStrategy>& strategies, const std::vector<std::pair<int, int>>& shapes,
                          std::vector<ShapeChoice>* best, std::vector<ShapeTrial>* trials,

@@ -131,8 +131,10 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
   base.model = {opt.model.q_heads, RankKvHeads(opt.model, opt.tp), opt.model.head_dim(), opt.hardware.dtype_bytes,
                 variant.wire};
   const CostModel flops = CostModel::Flops(base.model);
-  const CostModel& plan_cost =
-      variant.plan_by_measured_time && k.attention_table() != nullptr ? *k.attention_table() : flops;
+  const bool by_table = variant.plan_by_measured_time && k.attention_table() != nullptr;
+  const CostModel& plan_cost = by_table ? *k.attention_table() : flops;
+  // Each tick planned by FLOPs too, the faster kept (CadVariant::keep_faster_tick).
+  const bool two_plannings = by_table && variant.keep_faster_tick && !variant.artifact_buffer;
 
   BatchOutcome o;
   o.busy_s.assign(total_ranks, 0.0);
@@ -232,11 +234,12 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
     // tolerance it tries.
     std::vector<std::vector<PlanDocument>> layouts(parts.size());
     for (size_t n = 0; n < parts.size(); ++n) DISTCA_RETURN_IF_ERROR(StageLayout(parts[n], G, &layouts[n]));
-    std::vector<Plan> plans(parts.size());
-    auto plan_one = [&](size_t n, const PlanOptions& q) {
-      return BuildPlanForLayout(layouts[n], q, plan_cost, &plans[n])
+    std::vector<Plan> plans(parts.size()), flops_plans;
+    auto plan_into = [&](size_t n, const PlanOptions& q, const CostModel& cost, std::vector<Plan>& into) {
+      return BuildPlanForLayout(layouts[n], q, cost, &into[n])
           .WithContext(fmt::format("tick {}, nano-batch {}", tick, n));
     };
+    auto plan_one = [&](size_t n, const PlanOptions& q) { return plan_into(n, q, plan_cost, plans); };
     auto plan_all = [&](const PlanOptions& q) {
       for (size_t n = 0; n < parts.size(); ++n) DISTCA_RETURN_IF_ERROR(plan_one(n, q));
       return Status::Ok();
@@ -255,6 +258,12 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
         if (plan_all(unbounded).ok()) planned = Status::FailedPrecondition(planned.message());
       }
       DISTCA_RETURN_IF_ERROR(planned);
+      // The other candidate: plans by FLOPs (none where one cannot be made).
+      if (two_plannings) {
+        flops_plans.resize(parts.size());
+        for (size_t n = 0; n < parts.size() && !flops_plans.empty(); ++n)
+          if (!plan_into(n, po, flops, flops_plans).ok()) flops_plans.clear();
+      }
     } else if (P == 1) {
       // DistCA's artifact (test_e2e_combined.py): every nano-batch of the
       // tick at one tolerance, in its order, until all of them fit the
@@ -297,271 +306,299 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
       }
     }
     if (artifact_loop) buffer_need = std::max(buffer_need, double(artifact_buffer));
-    std::vector<NanoCost> costs;
-    for (size_t n = 0; n < parts.size(); ++n) {
-      const Plan& plan = plans[n];
-      NanoCost c;
-      c.tokens.assign(total_ranks, 0.0);
-      c.attention.assign(total_ranks, 0.0);
-      c.attention_backward.assign(total_ranks, 0.0);
-      for (const PlanDocument& d : plan.documents)
-        for (const PlanPiece& p : d.pieces) c.tokens[phys[p.rank]] += double(p.end - p.begin);
-      // The server's varlen kernel runs touching tasks of a document as one
-      // range, so efficiency follows the merged length.
-      for (const PlanTask& t : MergeTouchingTasks(plan.tasks)) {
-        const RankCosts::AttentionSeconds a = k.Attention(t.q_begin, t.q_end);
-        c.attention[phys[t.server]] += a.forward;
-        c.attention_backward[phys[t.server]] += a.backward;
-      }
-      const PlanTraffic& tr = plan.stats.traffic;
-      for (int e = 0; e < kPlanExchanges; ++e) {
-        c.exchange_sent[e].assign(total_ranks, 0.0);
-        c.exchange_received[e].assign(total_ranks, 0.0);
-        c.exchange_local[e].assign(total_ranks, 0.0);
-      }
-      for (size_t sv = 0; sv < phys.size(); ++sv) {
+    // Costs the tick run with `tick_plans`: its time, busy time and
+    // breakdown into o, its peaks into the *_max vectors.
+    auto run_tick = [&](const std::vector<Plan>& tick_plans) {
+      std::vector<NanoCost> costs;
+      for (size_t n = 0; n < parts.size(); ++n) {
+        const Plan& plan = tick_plans[n];
+        NanoCost c;
+        c.tokens.assign(total_ranks, 0.0);
+        c.attention.assign(total_ranks, 0.0);
+        c.attention_backward.assign(total_ranks, 0.0);
+        for (const PlanDocument& d : plan.documents)
+          for (const PlanPiece& p : d.pieces) c.tokens[phys[p.rank]] += double(p.end - p.begin);
+        // The server's varlen kernel runs touching tasks of a document as one
+        // range, so efficiency follows the merged length.
+        for (const PlanTask& t : MergeTouchingTasks(plan.tasks)) {
+          const RankCosts::AttentionSeconds a = k.Attention(t.q_begin, t.q_end);
+          c.attention[phys[t.server]] += a.forward;
+          c.attention_backward[phys[t.server]] += a.backward;
+        }
+        const PlanTraffic& tr = plan.stats.traffic;
         for (int e = 0; e < kPlanExchanges; ++e) {
-          c.exchange_sent[e][phys[sv]] = double(tr.exchange_sent[e][sv]);
-          c.exchange_received[e][phys[sv]] = double(tr.exchange_received[e][sv]);
-          c.exchange_local[e][phys[sv]] = double(tr.exchange_local[e][sv]);
+          c.exchange_sent[e].assign(total_ranks, 0.0);
+          c.exchange_received[e].assign(total_ranks, 0.0);
+          c.exchange_local[e].assign(total_ranks, 0.0);
         }
+        for (size_t sv = 0; sv < phys.size(); ++sv) {
+          for (int e = 0; e < kPlanExchanges; ++e) {
+            c.exchange_sent[e][phys[sv]] = double(tr.exchange_sent[e][sv]);
+            c.exchange_received[e][phys[sv]] = double(tr.exchange_received[e][sv]);
+            c.exchange_local[e][phys[sv]] = double(tr.exchange_local[e][sv]);
+          }
+        }
+        costs.push_back(std::move(c));
+        o.tolerance_sum += plan.tolerance_used;
+        o.load_ratio_sum += plan.stats.max_over_mean();
+        ++o.plans;
+        o.bytes_moved += ctx.stage_layers * double(tr.total_bytes());
       }
-      costs.push_back(std::move(c));
-      o.tolerance_sum += plan.tolerance_used;
-      o.load_ratio_sum += plan.stats.max_over_mean();
-      ++o.plans;
-      o.bytes_moved += ctx.stage_layers * double(tr.total_bytes());
-    }
-    const bool overlap = opt.ping_pong && costs.size() == 2;
-    // Tokens each rank holds in this tick (all nano-batches): what the LM
-    // head runs over on the last stage and what crosses a stage boundary.
-    std::vector<double> tick_tokens(total_ranks, 0.0);
-    for (const NanoCost& c : costs)
-      for (int r = 0; r < total_ranks; ++r) tick_tokens[r] += c.tokens[r];
-    // The tick ends with the active stages' messages to the next stage
-    // (backward: the previous one, the stages mirrored); a tick whose only
-    // active stage is the last sends none.
-    const bool sends = std::any_of(active.begin(), active.end(), [&](int s) { return s < P - 1; });
-    const double p2p =
-        sends ? k.PointToPoint(*std::max_element(tick_tokens.begin(), tick_tokens.end()) * k.HiddenBytesPerToken(),
-                               ctx.pipeline_inter_node)
-              : 0.0;
+      const bool overlap = opt.ping_pong && costs.size() == 2;
+      // Tokens each rank holds in this tick (all nano-batches): what the LM
+      // head runs over on the last stage and what crosses a stage boundary.
+      std::vector<double> tick_tokens(total_ranks, 0.0);
+      for (const NanoCost& c : costs)
+        for (int r = 0; r < total_ranks; ++r) tick_tokens[r] += c.tokens[r];
+      // The tick ends with the active stages' messages to the next stage
+      // (backward: the previous one, the stages mirrored); a tick whose only
+      // active stage is the last sends none.
+      const bool sends = std::any_of(active.begin(), active.end(), [&](int s) { return s < P - 1; });
+      const double p2p =
+          sends ? k.PointToPoint(*std::max_element(tick_tokens.begin(), tick_tokens.end()) * k.HiddenBytesPerToken(),
+                                 ctx.pipeline_inter_node)
+                : 0.0;
 
-    // One layer, forward (pass 0) and backward (pass 1), per physical rank
-    // and nano-batch: the linear part before core attention (forward: the
-    // QKV projection; backward: the O projection and MLP), the dispatch of
-    // Q/K/V (backward: also dO and statistics), the attention served, the
-    // return of O (backward: dQ, dK/dV), and the linear part after it.
-    // Only the all-to-alls synchronize the ranks (see `step` below).
-    for (int pass = 0; pass < 2; ++pass) {
-      const double head_factor = pass == 0 ? 1.0 : kBackwardLinearFactor;
-      const size_t nn = costs.size();
-      // distca-paper: idle stages' ranks run a dummy micro-batch's linear
-      // layers, split over the nano-batches.
-      const RankCosts::LinearSplit dummy = k.LinearPass(rank_tokens, pass == 1);
-      using PerRank = std::vector<double>;
-      std::vector<PerRank> before(nn, PerRank(total_ranks, 0.0)),
-          after = before, ca = before, dispatch = before, back = before, dummy_before = before, dummy_after = before;
-      std::vector<double> compute(total_ranks, 0.0);
-      double linear_sum = 0, attention_sum = 0;
-      for (size_t n = 0; n < nn; ++n) {
-        const NanoCost& c = costs[n];
-        // This pass's dispatch and return, as the plan counts them.
-        const int out_ex =
-            static_cast<int>(pass == 0 ? PlanExchange::kForwardDispatch : PlanExchange::kBackwardDispatch);
-        const int back_ex = out_ex + 1;
-        for (int r = 0; r < total_ranks; ++r) {
-          const RankCosts::LinearSplit own = k.LinearPass(c.tokens[r], pass == 1);
-          before[n][r] = own.before;
-          after[n][r] = own.after;
-          linear_sum += own.before + own.after;
-          if (variant.dummy_bubble_work && r % stride < G &&
-              std::find(idle.begin(), idle.end(), r / stride) != idle.end()) {
-            dummy_before[n][r] = dummy.before / double(nn);
-            dummy_after[n][r] = dummy.after / double(nn);
-          }
-          const double lin = before[n][r] + after[n][r] + dummy_before[n][r] + dummy_after[n][r];
-          ca[n][r] = pass == 0 ? c.attention[r] : c.attention_backward[r];
-          attention_sum += ca[n][r];
-          compute[r] += lin + ca[n][r];
-          const double out_s = c.exchange_sent[out_ex][r], out_r = c.exchange_received[out_ex][r];
-          const double back_s = c.exchange_sent[back_ex][r], back_r = c.exchange_received[back_ex][r];
-          // A rank with no bytes in this pass takes no part in its exchanges;
-          // one with some pays each exchange's latency (the runtime calls
-          // every all-to-all, empty or not).
-          if (out_s > 0 || out_r > 0 || back_s > 0 || back_r > 0) {
-            dispatch[n][r] = k.AllToAll(out_s, out_r, inter);
-            back[n][r] = k.AllToAll(back_s, back_r, inter);
-          }
-        }
-      }
-      // The stage's pass over its layers, step by step, on a clock per rank:
-      // each rank computes at its own pace, and an all-to-all starts when
-      // every rank with bytes in it has produced its data (the latest of
-      // their clocks) and ends, for each of them, when its slowest transfer
-      // does; a rank with none takes no part. So a
-      // rank early out of one step starts the next step's compute early, and
-      // only the exchanges synchronize (DistCA's all-to-all waits for its
-      // peers' signals, and MPI's for their data, not for a barrier). A
-      // step's compute_of(r, dummy) is rank r's time in it, with or without
-      // distca-paper's dummy work: that work takes time, but its results are
-      // thrown away, so it counts as waiting (idle), not as busy; comm_of(r)
-      // is its transfer in the exchange the step hides (0: none).
-      const int layers = ctx.stage_layers;
-      std::vector<double> clock(total_ranks, 0.0);
-      auto step = [&](auto&& compute_of, auto&& comm_of) {
-        // The exchange's ranks: those with bytes in it.
-        double ready = 0, transfer = 0;
-        for (int r = 0; r < total_ranks; ++r) {
-          if (comm_of(r) <= 0) continue;
-          ready = std::max(ready, clock[r]);
-          transfer = std::max(transfer, comm_of(r));
-        }
-        for (int r = 0; r < total_ranks; ++r) {
-          const double with = compute_of(r, true), without = compute_of(r, false);
-          // The dummy work counts as idle.
-          o.busy_s[r] += comm_of(r) > 0 ? StepBusySeconds(without, comm_of(r), ready - clock[r]) : without;
-          o.bubble_work_s += with - without;
-          clock[r] += with;
-          if (comm_of(r) > 0) clock[r] = std::max(clock[r], ready + transfer);
-        }
-      };
-      const auto none = [](int) { return 0.0; };
-      const auto idle_step = [](int, bool) { return 0.0; };
-      // Runs layer(l) for l = 0 .. layers - 1, the layers from first_steady
-      // on all alike. A step depends on the clocks' differences only, so
-      // once such a layer moves every clock by the same amount, each later
-      // one does too: they are added at once (busy and dummy time as the
-      // layer's), which keeps a pass of thousands of layers cheap.
-      std::vector<double> clock_in, busy_in;
-      auto run_layers = [&](int first_steady, auto&& layer) {
-        for (int l = 0; l < layers; ++l) {
-          const bool check = l >= first_steady && l + 1 < layers;
-          const double bubble_in = o.bubble_work_s;
-          if (check) {
-            clock_in = clock;
-            busy_in = o.busy_s;
-          }
-          layer(l);
-          if (!check) continue;
-          const double shift = clock[0] - clock_in[0];
-          bool uniform = true;
-          for (int r = 0; r < total_ranks && uniform; ++r)
-            uniform = std::abs(clock[r] - clock_in[r] - shift) <= 1e-12 * std::max(1.0, std::abs(clock[r]));
-          if (!uniform) continue;
-          const double rest = double(layers - 1 - l);
+      // One layer, forward (pass 0) and backward (pass 1), per physical rank
+      // and nano-batch: the linear part before core attention (forward: the
+      // QKV projection; backward: the O projection and MLP), the dispatch of
+      // Q/K/V (backward: also dO and statistics), the attention served, the
+      // return of O (backward: dQ, dK/dV), and the linear part after it.
+      // Only the all-to-alls synchronize the ranks (see `step` below).
+      for (int pass = 0; pass < 2; ++pass) {
+        const double head_factor = pass == 0 ? 1.0 : kBackwardLinearFactor;
+        const size_t nn = costs.size();
+        // distca-paper: idle stages' ranks run a dummy micro-batch's linear
+        // layers, split over the nano-batches.
+        const RankCosts::LinearSplit dummy = k.LinearPass(rank_tokens, pass == 1);
+        using PerRank = std::vector<double>;
+        std::vector<PerRank> before(nn, PerRank(total_ranks, 0.0)),
+            after = before, ca = before, dispatch = before, back = before, dummy_before = before, dummy_after = before;
+        std::vector<double> compute(total_ranks, 0.0);
+        double linear_sum = 0, attention_sum = 0;
+        for (size_t n = 0; n < nn; ++n) {
+          const NanoCost& c = costs[n];
+          // This pass's dispatch and return, as the plan counts them.
+          const int out_ex =
+              static_cast<int>(pass == 0 ? PlanExchange::kForwardDispatch : PlanExchange::kBackwardDispatch);
+          const int back_ex = out_ex + 1;
           for (int r = 0; r < total_ranks; ++r) {
-            clock[r] += rest * (clock[r] - clock_in[r]);
-            o.busy_s[r] += rest * (o.busy_s[r] - busy_in[r]);
+            const RankCosts::LinearSplit own = k.LinearPass(c.tokens[r], pass == 1);
+            before[n][r] = own.before;
+            after[n][r] = own.after;
+            linear_sum += own.before + own.after;
+            if (variant.dummy_bubble_work && r % stride < G &&
+                std::find(idle.begin(), idle.end(), r / stride) != idle.end()) {
+              dummy_before[n][r] = dummy.before / double(nn);
+              dummy_after[n][r] = dummy.after / double(nn);
+            }
+            const double lin = before[n][r] + after[n][r] + dummy_before[n][r] + dummy_after[n][r];
+            ca[n][r] = pass == 0 ? c.attention[r] : c.attention_backward[r];
+            attention_sum += ca[n][r];
+            compute[r] += lin + ca[n][r];
+            const double out_s = c.exchange_sent[out_ex][r], out_r = c.exchange_received[out_ex][r];
+            const double back_s = c.exchange_sent[back_ex][r], back_r = c.exchange_received[back_ex][r];
+            // A rank with no bytes in this pass takes no part in its exchanges;
+            // one with some pays each exchange's latency (the runtime calls
+            // every all-to-all, empty or not).
+            if (out_s > 0 || out_r > 0 || back_s > 0 || back_r > 0) {
+              dispatch[n][r] = k.AllToAll(out_s, out_r, inter);
+              back[n][r] = k.AllToAll(back_s, back_r, inter);
+            }
           }
-          o.bubble_work_s += rest * (o.bubble_work_s - bubble_in);
-          return;
         }
-      };
-      // Linear work before / after core attention, with the dummy work or not.
-      const auto pre = [&](size_t n, int r, bool with) { return before[n][r] + (with ? dummy_before[n][r] : 0.0); };
-      const auto post = [&](size_t n, int r, bool with) { return after[n][r] + (with ? dummy_after[n][r] : 0.0); };
-      if (overlap) {
-        // Ping-pong (DistCA's Figure 7): each transfer of one nano-batch runs
-        // under the other's compute. Layer l: nano 0's linear work (after
-        // attention of layer l - 1, before it in layer l) hides nano 1's
-        // return; nano 1's linear work hides nano 0's dispatch; nano 0's
-        // attention hides nano 1's dispatch; nano 1's attention hides nano
-        // 0's return. A transfer longer than its cover shows. Fill and
-        // drain: the pass opens with nano 0's work before attention, alone;
-        // in the last layer nano 1's return has only nano 0's work after
-        // attention to hide under, and nano 1's closes the pass, alone.
-        run_layers(1, [&](int l) {
-          if (l == 0)
-            step([&](int r, bool d) { return pre(0, r, d); }, none);
-          else
-            step([&](int r, bool d) { return post(0, r, d) + pre(0, r, d); }, [&](int r) { return back[1][r]; });
-          step([&](int r, bool d) { return (l > 0 ? post(1, r, d) : 0.0) + pre(1, r, d); },
-               [&](int r) { return dispatch[0][r]; });
-          step([&](int r, bool) { return ca[0][r]; }, [&](int r) { return dispatch[1][r]; });
-          step([&](int r, bool) { return ca[1][r]; }, [&](int r) { return back[0][r]; });
-        });
-        step([&](int r, bool d) { return post(0, r, d); }, [&](int r) { return back[1][r]; });
-        step([&](int r, bool d) { return post(1, r, d); }, none);
-      } else {
-        // One plan (or nano-batches back to back): nothing overlaps.
-        run_layers(0, [&](int) {
-          for (size_t n = 0; n < nn; ++n) {
-            step([&](int r, bool d) { return pre(n, r, d); }, none);
-            step(idle_step, [&](int r) { return dispatch[n][r]; });
-            step([&](int r, bool) { return ca[n][r]; }, none);
-            step(idle_step, [&](int r) { return back[n][r]; });
-            step([&](int r, bool d) { return post(n, r, d); }, none);
+        // The stage's pass over its layers, step by step, on a clock per rank:
+        // each rank computes at its own pace, and an all-to-all starts when
+        // every rank with bytes in it has produced its data (the latest of
+        // their clocks) and ends, for each of them, when its slowest transfer
+        // does; a rank with none takes no part. So a
+        // rank early out of one step starts the next step's compute early, and
+        // only the exchanges synchronize (DistCA's all-to-all waits for its
+        // peers' signals, and MPI's for their data, not for a barrier). A
+        // step's compute_of(r, dummy) is rank r's time in it, with or without
+        // distca-paper's dummy work: that work takes time, but its results are
+        // thrown away, so it counts as waiting (idle), not as busy; comm_of(r)
+        // is its transfer in the exchange the step hides (0: none).
+        const int layers = ctx.stage_layers;
+        std::vector<double> clock(total_ranks, 0.0);
+        auto step = [&](auto&& compute_of, auto&& comm_of) {
+          // The exchange's ranks: those with bytes in it.
+          double ready = 0, transfer = 0;
+          for (int r = 0; r < total_ranks; ++r) {
+            if (comm_of(r) <= 0) continue;
+            ready = std::max(ready, clock[r]);
+            transfer = std::max(transfer, comm_of(r));
           }
-        });
-      }
-      const double pass_s = *std::max_element(clock.begin(), clock.end());
-      const double max_compute = *std::max_element(compute.begin(), compute.end());
+          for (int r = 0; r < total_ranks; ++r) {
+            const double with = compute_of(r, true), without = compute_of(r, false);
+            // The dummy work counts as idle.
+            o.busy_s[r] += comm_of(r) > 0 ? StepBusySeconds(without, comm_of(r), ready - clock[r]) : without;
+            o.bubble_work_s += with - without;
+            clock[r] += with;
+            if (comm_of(r) > 0) clock[r] = std::max(clock[r], ready + transfer);
+          }
+        };
+        const auto none = [](int) { return 0.0; };
+        const auto idle_step = [](int, bool) { return 0.0; };
+        // Runs layer(l) for l = 0 .. layers - 1, the layers from first_steady
+        // on all alike. A step depends on the clocks' differences only, so
+        // once such a layer moves every clock by the same amount, each later
+        // one does too: they are added at once (busy and dummy time as the
+        // layer's), which keeps a pass of thousands of layers cheap.
+        std::vector<double> clock_in, busy_in;
+        auto run_layers = [&](int first_steady, auto&& layer) {
+          for (int l = 0; l < layers; ++l) {
+            const bool check = l >= first_steady && l + 1 < layers;
+            const double bubble_in = o.bubble_work_s;
+            if (check) {
+              clock_in = clock;
+              busy_in = o.busy_s;
+            }
+            layer(l);
+            if (!check) continue;
+            const double shift = clock[0] - clock_in[0];
+            bool uniform = true;
+            for (int r = 0; r < total_ranks && uniform; ++r)
+              uniform = std::abs(clock[r] - clock_in[r] - shift) <= 1e-12 * std::max(1.0, std::abs(clock[r]));
+            if (!uniform) continue;
+            const double rest = double(layers - 1 - l);
+            for (int r = 0; r < total_ranks; ++r) {
+              clock[r] += rest * (clock[r] - clock_in[r]);
+              o.busy_s[r] += rest * (o.busy_s[r] - busy_in[r]);
+            }
+            o.bubble_work_s += rest * (o.bubble_work_s - bubble_in);
+            return;
+          }
+        };
+        // Linear work before / after core attention, with the dummy work or not.
+        const auto pre = [&](size_t n, int r, bool with) { return before[n][r] + (with ? dummy_before[n][r] : 0.0); };
+        const auto post = [&](size_t n, int r, bool with) { return after[n][r] + (with ? dummy_after[n][r] : 0.0); };
+        if (overlap) {
+          // Ping-pong (DistCA's Figure 7): each transfer of one nano-batch runs
+          // under the other's compute. Layer l: nano 0's linear work (after
+          // attention of layer l - 1, before it in layer l) hides nano 1's
+          // return; nano 1's linear work hides nano 0's dispatch; nano 0's
+          // attention hides nano 1's dispatch; nano 1's attention hides nano
+          // 0's return. A transfer longer than its cover shows. Fill and
+          // drain: the pass opens with nano 0's work before attention, alone;
+          // in the last layer nano 1's return has only nano 0's work after
+          // attention to hide under, and nano 1's closes the pass, alone.
+          run_layers(1, [&](int l) {
+            if (l == 0)
+              step([&](int r, bool d) { return pre(0, r, d); }, none);
+            else
+              step([&](int r, bool d) { return post(0, r, d) + pre(0, r, d); }, [&](int r) { return back[1][r]; });
+            step([&](int r, bool d) { return (l > 0 ? post(1, r, d) : 0.0) + pre(1, r, d); },
+                 [&](int r) { return dispatch[0][r]; });
+            step([&](int r, bool) { return ca[0][r]; }, [&](int r) { return dispatch[1][r]; });
+            step([&](int r, bool) { return ca[1][r]; }, [&](int r) { return back[0][r]; });
+          });
+          step([&](int r, bool d) { return post(0, r, d); }, [&](int r) { return back[1][r]; });
+          step([&](int r, bool d) { return post(1, r, d); }, none);
+        } else {
+          // One plan (or nano-batches back to back): nothing overlaps.
+          run_layers(0, [&](int) {
+            for (size_t n = 0; n < nn; ++n) {
+              step([&](int r, bool d) { return pre(n, r, d); }, none);
+              step(idle_step, [&](int r) { return dispatch[n][r]; });
+              step([&](int r, bool) { return ca[n][r]; }, none);
+              step(idle_step, [&](int r) { return back[n][r]; });
+              step([&](int r, bool d) { return post(n, r, d); }, none);
+            }
+          });
+        }
+        const double pass_s = *std::max_element(clock.begin(), clock.end());
+        const double max_compute = *std::max_element(compute.begin(), compute.end());
 
-      // The LM head on the last stage's ranks, over the tokens each holds
-      // (the slowest sets the tick), and the activations crossing stage
-      // boundaries.
-      double head = 0;
-      if (std::find(active.begin(), active.end(), P - 1) != active.end()) {
-        for (int j = 0; j < G; ++j) {
-          const int r = (P - 1) * stride + j;
-          const double h = head_factor * k.HeadForward(tick_tokens[r]);
-          o.busy_s[r] += h;
-          head = std::max(head, h);
+        // The LM head on the last stage's ranks, over the tokens each holds
+        // (the slowest sets the tick), and the activations crossing stage
+        // boundaries.
+        double head = 0;
+        if (std::find(active.begin(), active.end(), P - 1) != active.end()) {
+          for (int j = 0; j < G; ++j) {
+            const int r = (P - 1) * stride + j;
+            const double h = head_factor * k.HeadForward(tick_tokens[r]);
+            o.busy_s[r] += h;
+            head = std::max(head, h);
+          }
+        }
+        o.iteration_s += pass_s + head + p2p;
+
+        SimBreakdown& b = o.breakdown;
+        // Work per token-holding rank of the pipeline (P * G of them); the
+        // exposed transfer counts for the stages that hold tokens in this tick.
+        (pass == 0 ? b.forward_linear_s : b.backward_linear_s) += linear_sum / (P * G);
+        (pass == 0 ? b.forward_attention_s : b.backward_attention_s) += attention_sum / (P * G);
+        // Exposed: what the pass took beyond its compute. The two are summed
+        // in different orders and may differ by a rounding, which is not
+        // communication (colocated, with none, showed 1.9e-17 s).
+        const double exposed = pass_s / layers - max_compute;
+        (pass == 0 ? b.forward_comm_s : b.backward_comm_s) +=
+            exposed > 1e-12 * max_compute ? exposed * double(active.size()) / P : 0.0;
+      }
+
+      for (int r = 0; r < total_ranks; ++r) {
+        // buffer: every exchange of the layer. alive: what distca's runtime
+        // (src/runtime/dispatcher.cc) holds for each nano-batch in flight, at
+        // the peak of a pass (forward: exchanges 0 and 1, backward: 2 and 3):
+        // a send and a receive buffer sized for the pass's larger exchange
+        // each way (refilled, not shrunk, between its two exchanges), the
+        // server's copies of the rows it serves (the dispatch's, received and
+        // its own) and of its results (the return's, sent and its own).
+        double buffer = 0, alive = 0;
+        for (const NanoCost& c : costs) {
+          double peak = 0;
+          for (int e = 0; e < kPlanExchanges; ++e) buffer += c.exchange_sent[e][r] + c.exchange_received[e][r];
+          for (int dispatch : {0, 2}) {
+            const int ret = dispatch + 1;
+            const double exchange = std::max(c.exchange_sent[dispatch][r], c.exchange_sent[ret][r]) +
+                                    std::max(c.exchange_received[dispatch][r], c.exchange_received[ret][r]);
+            const double server = c.exchange_received[dispatch][r] + c.exchange_local[dispatch][r] +
+                                  c.exchange_sent[ret][r] + c.exchange_local[ret][r];
+            peak = std::max(peak, exchange + server);
+          }
+          alive += peak;
+        }
+        held_max[r] = std::max(held_max[r], tick_tokens[r]);
+        buffer_max[r] = std::max(buffer_max[r], buffer);
+        alive_max[r] = std::max(alive_max[r], alive);
+        if (servers_keep) {
+          double kept = 0;
+          constexpr int kDispatch = int(PlanExchange::kForwardDispatch), kReturn = int(PlanExchange::kForwardReturn);
+          for (const NanoCost& c : costs)
+            kept += c.exchange_received[kDispatch][r] + c.exchange_local[kDispatch][r] + c.exchange_sent[kReturn][r] +
+                    c.exchange_local[kReturn][r];
+          // Less the owner's Q, K and V of this tick's tokens, which the
+          // activations count: the largest difference over ticks (a rank's
+          // tokens vary between waves unless they are whole chunks).
+          kept_max[r] = std::max(kept_max[r], kept - (k.HiddenBytesPerToken() + k.KvBytesPerToken()) * tick_tokens[r]);
         }
       }
-      o.iteration_s += pass_s + head + p2p;
-
-      SimBreakdown& b = o.breakdown;
-      // Work per token-holding rank of the pipeline (P * G of them); the
-      // exposed transfer counts for the stages that hold tokens in this tick.
-      (pass == 0 ? b.forward_linear_s : b.backward_linear_s) += linear_sum / (P * G);
-      (pass == 0 ? b.forward_attention_s : b.backward_attention_s) += attention_sum / (P * G);
-      // Exposed: what the pass took beyond its compute. The two are summed
-      // in different orders and may differ by a rounding, which is not
-      // communication (colocated, with none, showed 1.9e-17 s).
-      const double exposed = pass_s / layers - max_compute;
-      (pass == 0 ? b.forward_comm_s : b.backward_comm_s) +=
-          exposed > 1e-12 * max_compute ? exposed * double(active.size()) / P : 0.0;
+    };
+    if (flops_plans.empty()) {
+      run_tick(plans);
+      continue;
     }
-
-    for (int r = 0; r < total_ranks; ++r) {
-      // buffer: every exchange of the layer. alive: what distca's runtime
-      // (src/runtime/dispatcher.cc) holds for each nano-batch in flight, at
-      // the peak of a pass (forward: exchanges 0 and 1, backward: 2 and 3):
-      // a send and a receive buffer sized for the pass's larger exchange
-      // each way (refilled, not shrunk, between its two exchanges), the
-      // server's copies of the rows it serves (the dispatch's, received and
-      // its own) and of its results (the return's, sent and its own).
-      double buffer = 0, alive = 0;
-      for (const NanoCost& c : costs) {
-        double peak = 0;
-        for (int e = 0; e < kPlanExchanges; ++e) buffer += c.exchange_sent[e][r] + c.exchange_received[e][r];
-        for (int dispatch : {0, 2}) {
-          const int ret = dispatch + 1;
-          const double exchange = std::max(c.exchange_sent[dispatch][r], c.exchange_sent[ret][r]) +
-                                  std::max(c.exchange_received[dispatch][r], c.exchange_received[ret][r]);
-          const double server = c.exchange_received[dispatch][r] + c.exchange_local[dispatch][r] +
-                                c.exchange_sent[ret][r] + c.exchange_local[ret][r];
-          peak = std::max(peak, exchange + server);
-        }
-        alive += peak;
-      }
-      held_max[r] = std::max(held_max[r], tick_tokens[r]);
-      buffer_max[r] = std::max(buffer_max[r], buffer);
-      alive_max[r] = std::max(alive_max[r], alive);
-      if (servers_keep) {
-        double kept = 0;
-        constexpr int kDispatch = int(PlanExchange::kForwardDispatch), kReturn = int(PlanExchange::kForwardReturn);
-        for (const NanoCost& c : costs)
-          kept += c.exchange_received[kDispatch][r] + c.exchange_local[kDispatch][r] + c.exchange_sent[kReturn][r] +
-                  c.exchange_local[kReturn][r];
-        // Less the owner's Q, K and V of this tick's tokens, which the
-        // activations count: the largest difference over ticks (a rank's
-        // tokens vary between waves unless they are whole chunks).
-        kept_max[r] = std::max(kept_max[r], kept - (k.HiddenBytesPerToken() + k.KvBytesPerToken()) * tick_tokens[r]);
-      }
-    }
+    // Both candidates from the same state; the table's kept unless the
+    // FLOPs plans' tick is shorter.
+    struct State {
+      BatchOutcome outcome;
+      std::vector<double> held, buffer, alive, kept;
+    };
+    const auto save = [&] { return State{o, held_max, buffer_max, alive_max, kept_max}; };
+    const auto restore = [&](State& st) {
+      o = std::move(st.outcome);
+      held_max = std::move(st.held);
+      buffer_max = std::move(st.buffer);
+      alive_max = std::move(st.alive);
+      kept_max = std::move(st.kept);
+    };
+    State before = save();
+    run_tick(plans);
+    State table_tick = save();
+    restore(before);
+    run_tick(flops_plans);
+    if (!(o.iteration_s < table_tick.outcome.iteration_s)) restore(table_tick);
   }
 
   // Activations: stage s holds at most CadInFlight(m, s) waves at once, its

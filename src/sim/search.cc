@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 
 #include "distca/sim.h"
 
@@ -25,6 +27,27 @@ std::vector<std::pair<int, int>> ParallelShapes(const SimOptions& options) {
   return shapes;
 }
 
+namespace {
+
+// Fitting beats not fitting; among fitting results the faster wins, among
+// the others the one with the least memory.
+bool Better(const SimResult& r, const SimResult& than) {
+  if (r.memory_fits != than.memory_fits) return r.memory_fits;
+  return r.memory_fits ? r.iteration_s < than.iteration_s : r.memory_max_bytes < than.memory_max_bytes;
+}
+
+// The trial (index into trials) with strategy i's best result; -1 if it ran
+// at none.
+int Chosen(const std::vector<ShapeTrial>& trials, size_t i) {
+  int chosen = -1;
+  for (size_t k = 0; k < trials.size(); ++k)
+    if (trials[k].status[i].ok() && (chosen < 0 || Better(trials[k].results[i], trials[chosen].results[i])))
+      chosen = int(k);
+  return chosen;
+}
+
+}  // namespace
+
 Status SearchParallelism(const SimOptions& options, const std::vector<std::vector<int64_t>>& batches,
                          const std::vector<SimStrategy>& strategies, const std::vector<std::pair<int, int>>& shapes,
                          std::vector<ShapeChoice>* best, std::vector<ShapeTrial>* trials,
@@ -33,36 +56,67 @@ Status SearchParallelism(const SimOptions& options, const std::vector<std::vecto
   best->assign(strategies.size(), ShapeChoice{});
   trials->clear();
   if (shapes.empty()) return Status::InvalidArgument("no (tp, pp) shape to search");
-  // Per strategy: the chosen trial.
-  std::vector<int> chosen(strategies.size(), -1);
+  if (std::isnan(options.search_screen_margin)) return Status::InvalidArgument("the search's screen margin is NaN");
+  // distca planning by the table is screened: every shape planned by FLOPs
+  // first, then by the table where the screen could be the fastest.
+  std::vector<bool> screen(strategies.size(), false);
+  for (size_t i = 0; i < strategies.size(); ++i)
+    screen[i] =
+        strategies[i] == SimStrategy::kDistca && !options.plan_by_flops && std::isfinite(options.search_screen_margin);
+  // Simulates strategy i at trial t's shape, by FLOPs if `screened`.
+  const auto simulate = [&](ShapeTrial& t, size_t i, bool screened) {
+    SimOptions o = options;
+    o.tp = t.tp;
+    o.pp = t.pp;
+    if (screened) {
+      o.plan_by_flops = true;
+      o.plan_by_table = false;
+    }
+    std::vector<SimResult> one;  // one strategy at a time, so that one failing leaves the others
+    t.status[i] = Simulate(o, batches, {strategies[i]}, &one);
+    t.results[i] = t.status[i].ok() ? one.front() : SimResult{};
+    t.screened[i] = screened && t.status[i].ok();
+  };
+  const bool any_screen = std::find(screen.begin(), screen.end(), true) != screen.end();
   for (const auto& [tp, pp] : shapes) {
     ShapeTrial t;
     t.tp = tp;
     t.pp = pp;
-    SimOptions o = options;
-    o.tp = tp;
-    o.pp = pp;
-    for (size_t i = 0; i < strategies.size(); ++i) {
-      // One strategy at a time, so that one failing leaves the others.
-      std::vector<SimResult> one;
-      t.status.push_back(Simulate(o, batches, {strategies[i]}, &one));
-      t.results.push_back(t.status.back().ok() ? one.front() : SimResult{});
-      if (!t.status.back().ok()) continue;
-      const SimResult& r = t.results.back();
-      if (chosen[i] >= 0) {
-        const SimResult& c = (*trials)[chosen[i]].results[i];
-        // Fitting beats not fitting; among fitting shapes the fastest wins,
-        // among the others the one with the least memory.
-        const bool better = r.memory_fits != c.memory_fits ? r.memory_fits
-                            : r.memory_fits                ? r.iteration_s < c.iteration_s
-                                                           : r.memory_max_bytes < c.memory_max_bytes;
-        if (!better) continue;
-      }
-      chosen[i] = int(trials->size());
-    }
+    t.status.assign(strategies.size(), Status::Ok());
+    t.results.assign(strategies.size(), SimResult{});
+    t.screened.assign(strategies.size(), false);
+    for (size_t i = 0; i < strategies.size(); ++i) simulate(t, i, screen[i]);
     trials->push_back(std::move(t));
-    if (on_shape) on_shape(trials->back());
+    if (on_shape && !any_screen) on_shape(trials->back());
   }
+  if (any_screen) {
+    // Per screened strategy, the fastest fitting screen; with none fitting,
+    // every shape is simulated by the table.
+    std::vector<double> bar(strategies.size(), 0.0);
+    for (size_t i = 0; i < strategies.size(); ++i) {
+      if (!screen[i]) continue;
+      const int c = Chosen(*trials, i);
+      bar[i] = c >= 0 && (*trials)[c].results[i].memory_fits
+                   ? (1 + options.search_screen_margin) * (*trials)[c].results[i].iteration_s
+                   : std::numeric_limits<double>::infinity();
+    }
+    for (ShapeTrial& t : *trials) {
+      for (size_t i = 0; i < strategies.size(); ++i)
+        if (t.screened[i] && t.results[i].iteration_s <= bar[i]) simulate(t, i, false);
+      if (on_shape) on_shape(t);
+    }
+    // A screen kept can still be the best (the table's plans slower than
+    // the screen's by more than the margin): then that shape is simulated
+    // by the table too, and reported again.
+    for (size_t i = 0; i < strategies.size(); ++i) {
+      for (int c = Chosen(*trials, i); c >= 0 && (*trials)[c].screened[i]; c = Chosen(*trials, i)) {
+        simulate((*trials)[c], i, false);
+        if (on_shape) on_shape((*trials)[c]);
+      }
+    }
+  }
+  std::vector<int> chosen(strategies.size(), -1);
+  for (size_t i = 0; i < strategies.size(); ++i) chosen[i] = Chosen(*trials, i);
   // A strategy that runs nowhere keeps the reasons; the others their
   // choices (one such strategy used to end the whole search).
   double wlb_ideal_s = 0;

@@ -281,6 +281,8 @@ Status ValidateSimOptions(const SimOptions& o) {
     DISTCA_RETURN_IF_ERROR(ValidateAttentionTable(t, h.peak_flops).WithContext("hardware profile"));
   if (o.gpus <= 0 || o.tp <= 0 || o.pp <= 0)
     return Status::InvalidArgument(fmt::format("gpus ({}), tp ({}) and pp ({}) must be positive", o.gpus, o.tp, o.pp));
+  if (o.plan_by_flops && o.plan_by_table)
+    return Status::InvalidArgument("distca plans by FLOPs or by the table, not both alone: set one of the two");
   // DistCA's pipeline schedule plans the backward anew and resends Q/K/V.
   if (o.cad_wire == PlanWire::kDistcaArtifactNoResend && o.pp > 1)
     return Status::InvalidArgument(

@@ -187,6 +187,12 @@ struct CadVariant {
   // the servers spend, forward + backward) where it has one, instead of by
   // FLOPs.
   bool plan_by_measured_time = false;
+  // With plan_by_measured_time and a table (and without the artifact's
+  // buffer loop): each tick is planned by FLOPs too, and the plans whose
+  // tick the cost model predicts shorter are kept. A table's plans balance
+  // the servers' seconds, but can move more bytes, which shows where the
+  // transfers outlast the compute that hides them.
+  bool keep_faster_tick = false;
   // A wave's two ping-pong nano-batches balanced in tokens and attention
   // (SplitNanoBatches); off: its first and second halves in order, as
   // DistCA's artifact splits ping and pong (EXPERIMENT_D2_BALANCE_PING_PONG

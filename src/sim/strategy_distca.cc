@@ -21,8 +21,11 @@ Status SimulateDistca(const SimContext& ctx, const std::vector<int64_t>& batch, 
   v.balanced_waves = ctx.options.pp > 1;
   // Balance what the servers spend: the kernel's time per FLOP varies with a
   // task's shape, and a plan even in FLOPs left its busiest server 1.07x
-  // the mean in seconds where its FLOPs were 1.05x (docs/simulator.md).
+  // the mean in seconds where its FLOPs were 1.05x (docs/simulator.md). But
+  // such plans can move more bytes: where the transfers show, the plans by
+  // FLOPs can be faster, so each tick keeps the faster.
   v.plan_by_measured_time = !ctx.options.plan_by_flops;
+  v.keep_faster_tick = !ctx.options.plan_by_flops && !ctx.options.plan_by_table;
   return SimulateCad(ctx, batch, cp, v, out);
 }
 

@@ -145,6 +145,108 @@ TEST(SearchParallelismTest, AStrategyThatCannotRunAtTheFirstShapesPicksAmongTheO
   }
 }
 
+// A search where distca plans by a measured table, its three-shape options
+// and batches, and each shape's result simulated on its own (by the table,
+// or by FLOPs).
+struct TableSearch {
+  SimOptions options = TestOptions();
+  std::vector<std::vector<int64_t>> batches = {{2048, 1024, 512, 256, 128, 64, 32, 32}, {4096}};
+  std::vector<SimStrategy> strategies = {SimStrategy::kWlbIdeal, SimStrategy::kDistca};
+  TableSearch() {
+    options.gpus = 4;
+    options.batch_size = 4;
+    options.model.vocab_size = 32;
+    options.model.num_layers = 8;
+    options.hardware.attention_tables = {sim_test::ByPrefixTable()};
+  }
+  double Alone(const ShapeTrial& t, bool by_flops) const {
+    SimOptions o = options;
+    o.tp = t.tp;
+    o.pp = t.pp;
+    o.plan_by_flops = by_flops;
+    std::vector<SimResult> r;
+    EXPECT_TRUE(Simulate(o, batches, {SimStrategy::kDistca}, &r).ok());
+    return r.empty() ? 0.0 : r[0].iteration_s;
+  }
+};
+
+TEST(SearchParallelismTest, ScreensDistcaByFlopsAndSimulatesByTheTableWhereItCouldBeFastest) {
+  TableSearch s;
+  const auto shapes = ParallelShapes(s.options);
+  std::vector<ShapeChoice> exact, best;
+  std::vector<ShapeTrial> exact_trials, trials;
+  s.options.search_screen_margin = std::numeric_limits<double>::infinity();
+  ASSERT_TRUE(SearchParallelism(s.options, s.batches, s.strategies, shapes, &exact, &exact_trials).ok());
+  s.options.search_screen_margin = kSearchScreenMargin;
+  int reported = 0;
+  ASSERT_TRUE(SearchParallelism(s.options, s.batches, s.strategies, shapes, &best, &trials, [&](const ShapeTrial&) {
+                ++reported;
+              }).ok());
+  ASSERT_EQ(trials.size(), shapes.size());
+  ASSERT_EQ(exact_trials.size(), shapes.size());
+  EXPECT_EQ(reported, int(shapes.size()));
+  // The fastest screen, planned by FLOPs.
+  double fastest = std::numeric_limits<double>::infinity();
+  for (const ShapeTrial& t : trials) fastest = std::min(fastest, s.Alone(t, /*by_flops=*/true));
+  int screened = 0;
+  for (size_t k = 0; k < trials.size(); ++k) {
+    const ShapeTrial& t = trials[k];
+    ASSERT_TRUE(t.status[1].ok() && t.results[1].memory_fits) << k;
+    EXPECT_FALSE(t.screened[0]) << "wlb-ideal has no table to plan by";
+    EXPECT_EQ(t.results[0].iteration_s, exact_trials[k].results[0].iteration_s);
+    EXPECT_FALSE(exact_trials[k].screened[1]);
+    const double by_flops = s.Alone(t, true);
+    // Screened exactly where FLOPs are over the margin slower than the
+    // fastest screen, and then the screen's result; else the table's.
+    EXPECT_EQ(t.screened[1], by_flops > (1 + kSearchScreenMargin) * fastest) << k;
+    EXPECT_EQ(t.results[1].iteration_s, t.screened[1] ? by_flops : exact_trials[k].results[1].iteration_s) << k;
+    EXPECT_EQ(exact_trials[k].results[1].iteration_s, s.Alone(t, false)) << k;
+    screened += t.screened[1];
+  }
+  EXPECT_GT(screened, 0);
+  EXPECT_LT(screened, int(shapes.size()));
+  for (size_t i = 0; i < s.strategies.size(); ++i) {
+    EXPECT_EQ(std::pair(best[i].tp, best[i].pp), std::pair(exact[i].tp, exact[i].pp)) << i;
+    EXPECT_EQ(best[i].result.iteration_s, exact[i].result.iteration_s) << i;
+  }
+  // Planning by FLOPs, or with an invalid margin, there is nothing to screen.
+  s.options.plan_by_flops = true;
+  ASSERT_TRUE(SearchParallelism(s.options, s.batches, s.strategies, shapes, &best, &trials).ok());
+  for (const ShapeTrial& t : trials) EXPECT_FALSE(t.screened[1]);
+  s.options.search_screen_margin = std::numeric_limits<double>::quiet_NaN();
+  EXPECT_FALSE(SearchParallelism(s.options, s.batches, s.strategies, shapes, &best, &trials).ok());
+}
+
+TEST(SearchParallelismTest, AScreenThatWouldBeChosenIsSimulatedByTheTable) {
+  // A margin below zero simulates no shape by the table after the screen:
+  // each shape whose screen is the best is then simulated by the table and
+  // reported again, until the best is a shape so simulated.
+  TableSearch s;
+  s.options.search_screen_margin = -0.9;
+  const auto shapes = ParallelShapes(s.options);
+  std::vector<ShapeChoice> best;
+  std::vector<ShapeTrial> trials;
+  std::vector<std::pair<int, int>> reported;
+  ASSERT_TRUE(SearchParallelism(s.options, s.batches, s.strategies, shapes, &best, &trials, [&](const ShapeTrial& t) {
+                reported.emplace_back(t.tp, t.pp);
+              }).ok());
+  ASSERT_EQ(trials.size(), shapes.size());
+  int by_table = 0;
+  for (const ShapeTrial& t : trials) {
+    by_table += !t.screened[1];
+    EXPECT_EQ(t.results[1].iteration_s, s.Alone(t, /*by_flops=*/t.screened[1]));
+  }
+  EXPECT_GE(by_table, 1);
+  EXPECT_EQ(reported.size(), shapes.size() + by_table);
+  const auto chosen = std::find_if(trials.begin(), trials.end(), [&](const ShapeTrial& t) {
+    return std::pair(t.tp, t.pp) == std::pair(best[1].tp, best[1].pp);
+  });
+  ASSERT_NE(chosen, trials.end());
+  EXPECT_FALSE(chosen->screened[1]);
+  EXPECT_EQ(best[1].result.iteration_s, s.Alone(*chosen, false));
+  for (const ShapeTrial& t : trials) EXPECT_LE(best[1].result.iteration_s, t.results[1].iteration_s);
+}
+
 TEST(SearchParallelismTest, ReasonsForShapesAndStrategiesThatCannotRun) {
   SimOptions o = TestOptions();
   std::vector<ShapeChoice> best;

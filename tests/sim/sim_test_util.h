@@ -51,6 +51,23 @@ inline HardwareProfile SplitTableProfile() {
   return p;
 }
 
+// A measured table for the same heads (2 x 1 of 16) that charges a causal
+// pair more the longer the task's prefix (1 + kv / 1024 ns): a plan even in
+// FLOPs leaves the server of the long prefix slower than the others.
+inline AttentionTable ByPrefixTable() {
+  AttentionTable t{"by-prefix.csv",
+                   2,
+                   1,
+                   16,
+                   1.0,
+                   "q_len,kv_len,seconds\n128,128,9.288e-06\n128,256,3.08e-05\n128,512,8.6112e-05\n"
+                   "128,1024,0.000245888\n256,256,4.112e-05\n256,512,0.000147648\n"
+                   "256,1024,0.000459008\n512,512,0.000196992\n512,1024,0.000786944\n"
+                   "1024,1024,0.0010496\n"};
+  EXPECT_TRUE(ValidateAttentionTable(t).ok());
+  return t;
+}
+
 // h 64, 4 query heads of 16, 2 KV heads, ffn 128, vocab 256, 2 layers:
 // linear forward FLOPs per token = 2*64*(2*64 + 2*32) + 6*64*128 = 73728.
 inline ModelConfig TestModel() {
