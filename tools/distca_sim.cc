@@ -409,7 +409,7 @@ int RunSearch(const Args& a, const std::vector<std::vector<int64_t>>& batches,
   if (screened)
     fmt::print(
         "'~': distca planned by FLOPs only, over {:g}% slower there than at its fastest shape so planned "
-        "(--search-exact plans every shape by the table)\n",
+        "(--search-exact simulates every shape in full)\n",
         100 * o.search_screen_margin);
   fmt::print("\nbest shape per strategy (speedup over wlb-ideal's best):\n");
   fmt::print("{:<13} {:>4} {:>4} {:>9} {:>11} {:>8} {:>6} {:>9} {:>3}\n", "strategy", "tp", "pp", "iter s", "tokens/s",
@@ -552,7 +552,7 @@ int Run(int argc, char** argv) {
                "fastest that fits in memory");
   app.add_flag_callback(
       "--search-exact", [&o] { o.search_screen_margin = std::numeric_limits<double>::infinity(); },
-      "with --search: simulate distca by the measured table at every shape, not only where its screen "
+      "with --search: simulate distca in full at every shape, not only where its screen "
       "planned by FLOPs could be the fastest");
   if (int rc = 0; !distca::cli::Parse(app, argc, argv, &rc)) return rc;
 

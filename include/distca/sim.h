@@ -158,10 +158,10 @@ const char* WlbScopeName(WlbScope scope);
 Status ParseWlbScope(std::string_view name, WlbScope* scope);
 
 // SimOptions::search_screen_margin's default. Over the 90 shapes of the
-// paper's 4D configurations searched, planning by the table changed
-// distca's step by -4.5% to +0.6% against planning by FLOPs, and the
-// fastest shape by the table was at most 1.6% slower by FLOPs than the
-// fastest by FLOPs (docs/simulator.md, "Choosing tp and pp").
+// paper's 4D configurations searched, distca's step in full was 0.8-4.5%
+// shorter than planned by FLOPs alone, and its fastest shape in full was
+// at most 1.6% slower by FLOPs than the fastest by FLOPs (docs/
+// simulator.md, "Choosing tp and pp").
 inline constexpr double kSearchScreenMargin = 0.05;
 
 struct SimOptions {
@@ -272,11 +272,11 @@ struct SimOptions {
   bool plan_by_flops = false;
   bool plan_by_table = false;
   // SearchParallelism: distca planning by the measured table is first
-  // simulated at every shape planning by FLOPs (a tenth of the time) and
-  // then by the table only where that screen is at most this fraction
-  // slower than the fastest fitting one (docs/simulator.md, "Choosing tp
-  // and pp"). Infinity: every shape by the table (--search-exact). Default:
-  // kSearchScreenMargin
+  // simulated at every shape planning by FLOPs alone (a fifth of the time
+  // or less) and then in full only where that screen is at most this
+  // fraction slower than the fastest fitting one (docs/simulator.md,
+  // "Choosing tp and pp"). Infinity: every shape in full (--search-exact).
+  // Default: kSearchScreenMargin
   double search_screen_margin = kSearchScreenMargin;
   int threads = 0;  // OpenMP threads over batches; 0 = OMP_NUM_THREADS. Default: 0
 };
@@ -328,8 +328,9 @@ struct SimResult {
   double tolerance_used = 0;  // CAD: mean eps of the plans (after comm-budget raises)
   // Strategies that plan (distca, distca-paper, colocated): mean over the
   // plans of the busiest server's attention load over the mean load, in
-  // the cost the plan balanced (FLOPs; distca by default the measured
-  // table's seconds): the balance eps bought. The policies read eps
+  // the cost the plan balanced (FLOPs; for distca by default each kept
+  // plan's own: the measured table's seconds or FLOPs): the balance eps
+  // bought. The policies read eps
   // differently (distca bounds the busiest server by (1 + eps) x the mean;
   // the paper's recipients pull until within eps of it), so at one eps
   // their balance differs. 0 for the baselines; the JSON and the grid CSV
@@ -400,8 +401,8 @@ struct ShapeTrial {
   std::vector<Status> status;
   std::vector<SimResult> results;
   // Per strategy: true where the result is the screen's (distca planned by
-  // FLOPs; see SimOptions::search_screen_margin), kept because the shape could not
-  // be the fastest.
+  // FLOPs alone; see SimOptions::search_screen_margin), kept because the
+  // shape could not be the fastest.
   std::vector<bool> screened;
 };
 
@@ -416,14 +417,15 @@ struct ShapeTrial {
 // others their choices. An error says that no strategy runs at any shape
 // (naming the first one's reasons) or that `shapes` is empty.
 // distca planning by the measured table is screened (see
-// SimOptions::search_screen_margin): simulated at every shape by FLOPs, then by the table
-// where that screen is within the margin of the fastest fitting
-// one (at every shape when none fits), and wherever a kept screen would
-// otherwise be chosen, so a choice is always simulated by the table.
+// SimOptions::search_screen_margin): simulated at every shape by FLOPs
+// alone, then in full where that screen is within the margin of the
+// fastest fitting one (at every shape when none fits), and wherever a kept
+// screen would otherwise be chosen, so a choice is always simulated in
+// full.
 // on_shape, when given, is called with each shape's trial as soon as it is
 // simulated (a search over many shapes takes minutes: the tool prints
 // them); with a screen, once the screen is done, and again for a shape
-// simulated by the table after its call.
+// simulated in full after its call.
 Status SearchParallelism(const SimOptions& options, const std::vector<std::vector<int64_t>>& batches,
                          const std::vector<SimStrategy>& strategies, const std::vector<std::pair<int, int>>& shapes,
                          std::vector<ShapeChoice>* best, std::vector<ShapeTrial>* trials,

@@ -57,8 +57,9 @@ Status SearchParallelism(const SimOptions& options, const std::vector<std::vecto
   trials->clear();
   if (shapes.empty()) return Status::InvalidArgument("no (tp, pp) shape to search");
   if (std::isnan(options.search_screen_margin)) return Status::InvalidArgument("the search's screen margin is NaN");
-  // distca planning by the table is screened: every shape planned by FLOPs
-  // first, then by the table where the screen could be the fastest.
+  // distca, whose planning by the table costs several times its planning
+  // by FLOPs, is screened: every shape planned by FLOPs first, then in
+  // full where the screen could be the fastest.
   std::vector<bool> screen(strategies.size(), false);
   for (size_t i = 0; i < strategies.size(); ++i)
     screen[i] =
@@ -91,7 +92,7 @@ Status SearchParallelism(const SimOptions& options, const std::vector<std::vecto
   }
   if (any_screen) {
     // Per screened strategy, the fastest fitting screen; with none fitting,
-    // every shape is simulated by the table.
+    // every shape is simulated in full.
     std::vector<double> bar(strategies.size(), 0.0);
     for (size_t i = 0; i < strategies.size(); ++i) {
       if (!screen[i]) continue;
@@ -105,9 +106,9 @@ Status SearchParallelism(const SimOptions& options, const std::vector<std::vecto
         if (t.screened[i] && t.results[i].iteration_s <= bar[i]) simulate(t, i, false);
       if (on_shape) on_shape(t);
     }
-    // A screen kept can still be the best (the table's plans slower than
+    // A screen kept can still be the best (the full simulation slower than
     // the screen's by more than the margin): then that shape is simulated
-    // by the table too, and reported again.
+    // in full too, and reported again.
     for (size_t i = 0; i < strategies.size(); ++i) {
       for (int c = Chosen(*trials, i); c >= 0 && (*trials)[c].screened[i]; c = Chosen(*trials, i)) {
         simulate((*trials)[c], i, false);
