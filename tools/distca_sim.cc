@@ -408,7 +408,7 @@ int RunSearch(const Args& a, const std::vector<std::vector<int64_t>>& batches,
   });
   if (screened)
     fmt::print(
-        "'~': distca planned by FLOPs only, over {:g}% slower there than at its fastest shape so planned "
+        "'~': distca planned by FLOPs only, over {:g}% slower there than at its fastest shape so planned that fits "
         "(--search-exact simulates every shape in full)\n",
         100 * o.search_screen_margin);
   fmt::print("\nbest shape per strategy (speedup over wlb-ideal's best):\n");

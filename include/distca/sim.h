@@ -48,6 +48,10 @@ struct AttentionTable {
   // `file`): on file's grid, below it at every point. Empty: none.
   std::string forward_file = {};
   std::string forward_csv = {};  // its text, likewise
+  // Whether it can serve a model of this head dimension: loaded and
+  // measured with that dimension (the ranks' heads are then matched or
+  // scaled).
+  bool Serves(int model_head_dim) const { return !csv.empty() && head_dim == model_head_dim; }
 };
 
 struct LinkProfile {
@@ -271,12 +275,13 @@ struct SimOptions {
   // with it. distca-paper always plans by FLOPs, as published. Default: off
   bool plan_by_flops = false;
   bool plan_by_table = false;
-  // SearchParallelism: distca planning by the measured table is first
-  // simulated at every shape planning by FLOPs alone (a fifth of the time
-  // or less) and then in full only where that screen is at most this
-  // fraction slower than the fastest fitting one (docs/simulator.md,
-  // "Choosing tp and pp"). Infinity: every shape in full (--search-exact).
-  // Default: kSearchScreenMargin
+  // SearchParallelism: distca, by default (a profile with a table for the
+  // model, neither plan_by_flops nor plan_by_table), is first simulated at
+  // every shape planning by FLOPs alone (a fifth of the time or less) and
+  // then in full only where that screen is at most this fraction slower
+  // than the fastest fitting one (docs/simulator.md, "Choosing tp and
+  // pp"). Infinity: every shape in full (--search-exact). Default:
+  // kSearchScreenMargin
   double search_screen_margin = kSearchScreenMargin;
   int threads = 0;  // OpenMP threads over batches; 0 = OMP_NUM_THREADS. Default: 0
 };
@@ -416,7 +421,7 @@ struct ShapeTrial {
 // runs at no shape gets tp = pp = 0 and the reasons in its status, and the
 // others their choices. An error says that no strategy runs at any shape
 // (naming the first one's reasons) or that `shapes` is empty.
-// distca planning by the measured table is screened (see
+// distca planning by default is screened (see
 // SimOptions::search_screen_margin): simulated at every shape by FLOPs
 // alone, then in full where that screen is within the margin of the
 // fastest fitting one (at every shape when none fits), and wherever a kept

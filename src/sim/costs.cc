@@ -51,7 +51,7 @@ RankCosts::RankCosts(const ModelConfig& m, const HardwareProfile& hw, int tp, bo
   };
   const AttentionTable* pick = nullptr;
   for (const AttentionTable& t : hw.attention_tables)
-    if (!t.csv.empty() && t.head_dim == m.head_dim() && (pick == nullptr || distance(t) < distance(*pick))) pick = &t;
+    if (t.Serves(m.head_dim()) && (pick == nullptr || distance(t) < distance(*pick))) pick = &t;
   CostModel table;
   if (pick != nullptr && ParseAttentionTable(*pick, &table, &forward_table_).ok()) {
     table_ = std::move(table);

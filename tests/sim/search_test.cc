@@ -145,9 +145,9 @@ TEST(SearchParallelismTest, AStrategyThatCannotRunAtTheFirstShapesPicksAmongTheO
   }
 }
 
-// A search where distca plans by a measured table, its three-shape options
-// and batches, and each shape's result simulated on its own (by the table,
-// or by FLOPs).
+// A search where distca plans by a measured table, its four-shape options
+// and batches, and each shape's result simulated on its own (in full, or
+// by FLOPs alone).
 struct TableSearch {
   SimOptions options = TestOptions();
   std::vector<std::vector<int64_t>> batches = {{2048, 1024, 512, 256, 128, 64, 32, 32}, {4096}};
@@ -209,18 +209,25 @@ TEST(SearchParallelismTest, ScreensDistcaByFlopsAndSimulatesByTheTableWhereItCou
     EXPECT_EQ(std::pair(best[i].tp, best[i].pp), std::pair(exact[i].tp, exact[i].pp)) << i;
     EXPECT_EQ(best[i].result.iteration_s, exact[i].result.iteration_s) << i;
   }
-  // Planning by FLOPs, or with an invalid margin, there is nothing to screen.
+  // Planning one way alone, or without a table for the model, there is
+  // nothing to screen; an invalid margin is refused.
+  for (int alone = 0; alone < 3; ++alone) {
+    TableSearch one;
+    one.options.plan_by_flops = alone == 0;
+    one.options.plan_by_table = alone == 1;
+    if (alone == 2) one.options.hardware.attention_tables.clear();
+    ASSERT_TRUE(SearchParallelism(one.options, one.batches, one.strategies, shapes, &best, &trials).ok());
+    for (const ShapeTrial& t : trials) EXPECT_FALSE(t.screened[1]) << alone;
+  }
   s.options.plan_by_flops = true;
-  ASSERT_TRUE(SearchParallelism(s.options, s.batches, s.strategies, shapes, &best, &trials).ok());
-  for (const ShapeTrial& t : trials) EXPECT_FALSE(t.screened[1]);
   s.options.search_screen_margin = std::numeric_limits<double>::quiet_NaN();
   EXPECT_FALSE(SearchParallelism(s.options, s.batches, s.strategies, shapes, &best, &trials).ok());
 }
 
-TEST(SearchParallelismTest, AScreenThatWouldBeChosenIsSimulatedByTheTable) {
-  // A margin below zero simulates no shape by the table after the screen:
-  // each shape whose screen is the best is then simulated by the table and
-  // reported again, until the best is a shape so simulated.
+TEST(SearchParallelismTest, AScreenThatWouldBeChosenIsSimulatedInFull) {
+  // A margin below zero simulates no shape in full after the screen: each
+  // shape whose screen is the best is then simulated in full and reported
+  // again, until the best is a shape so simulated.
   TableSearch s;
   s.options.search_screen_margin = -0.9;
   const auto shapes = ParallelShapes(s.options);
@@ -236,6 +243,8 @@ TEST(SearchParallelismTest, AScreenThatWouldBeChosenIsSimulatedByTheTable) {
     by_table += !t.screened[1];
     EXPECT_EQ(t.results[1].iteration_s, s.Alone(t, /*by_flops=*/t.screened[1]));
   }
+  // Here once: the full run (each tick the faster of two plannings) is at
+  // most the screen's, so the first shape simulated in full stays the best.
   EXPECT_GE(by_table, 1);
   EXPECT_EQ(reported.size(), shapes.size() + by_table);
   const auto chosen = std::find_if(trials.begin(), trials.end(), [&](const ShapeTrial& t) {

@@ -474,6 +474,10 @@ TEST(CadTest, DistcaKeepsTheFasterOfItsPlansByTheTableAndByFlops) {
       EXPECT_EQ(both.iteration_s, faster.iteration_s) << bandwidth << " " << ping_pong;
       EXPECT_EQ(both.bytes_moved, faster.bytes_moved) << bandwidth;
       EXPECT_EQ(both.idle_fraction, faster.idle_fraction) << bandwidth;
+      EXPECT_EQ(both.memory_max_bytes, faster.memory_max_bytes) << bandwidth;
+      EXPECT_EQ(both.load_max_over_mean, faster.load_max_over_mean) << bandwidth;
+      EXPECT_EQ(both.tolerance_used, faster.tolerance_used) << bandwidth;
+      EXPECT_EQ(both.max_buffer_bytes, faster.max_buffer_bytes) << bandwidth;
       table_faster = table_faster || table.iteration_s < flops.iteration_s;
       flops_faster = flops_faster || flops.iteration_s < table.iteration_s;
     }
