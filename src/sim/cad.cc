@@ -136,16 +136,31 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
   // Each tick planned by FLOPs too, the faster kept (CadVariant::keep_faster_tick).
   const bool two_plannings = by_table && variant.keep_faster_tick && !variant.artifact_buffer;
 
-  BatchOutcome o;
+  // What the ticks accumulate: the outcome, and per rank the peaks over
+  // the ticks. A tick writes these and nothing else, so a candidate tick
+  // can be run from a copy and kept or dropped whole (keep_faster_tick).
+  struct Accumulated {
+    BatchOutcome o;
+    // Tokens held; the per-layer send + receive; the runtime's buffers
+    // alive at once (see the memory below); and, without the resend, what a
+    // server keeps: the Q, K/V and O of every row it serves (copies out of
+    // its receive buffer, its own rows included) until the layer's
+    // backward, less what owners drop after the dispatch (their Q, K and
+    // V; the artifact's layout_mlp_to_attn), negative where a rank serves
+    // fewer rows than it holds.
+    std::vector<double> held_max, buffer_max, alive_max, kept_max;
+  };
+  Accumulated acc;
+  BatchOutcome& o = acc.o;
   o.busy_s.assign(total_ranks, 0.0);
-  std::vector<double> held_max(total_ranks, 0.0), buffer_max(total_ranks, 0.0), alive_max(total_ranks, 0.0);
-  // Without the resend, a server keeps the Q, K/V and O of every row it
-  // serves (copies out of its receive buffer, its own rows included) until
-  // the layer's backward, and owners drop their Q, K and V after the
-  // dispatch (the artifact's layout_mlp_to_attn): per rank the largest net
-  // of the two over the ticks, negative where it serves fewer rows than it
-  // holds.
-  std::vector<double> kept_max(total_ranks, std::numeric_limits<double>::lowest());
+  std::vector<double>& held_max = acc.held_max;
+  std::vector<double>& buffer_max = acc.buffer_max;
+  std::vector<double>& alive_max = acc.alive_max;
+  std::vector<double>& kept_max = acc.kept_max;
+  held_max.assign(total_ranks, 0.0);
+  buffer_max.assign(total_ranks, 0.0);
+  alive_max.assign(total_ranks, 0.0);
+  kept_max.assign(total_ranks, std::numeric_limits<double>::lowest());
   const bool servers_keep = base.model.wire == PlanWire::kDistcaArtifactNoResend;
   // With DistCA's loop, the buffer as allocated (own rows included),
   // enlarged where no tolerance fitted, in this batch or (carry) one before it.
@@ -580,25 +595,14 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
       continue;
     }
     // Both candidates from the same state; the table's kept unless the
-    // FLOPs plans' tick is shorter.
-    struct State {
-      BatchOutcome outcome;
-      std::vector<double> held, buffer, alive, kept;
-    };
-    const auto save = [&] { return State{o, held_max, buffer_max, alive_max, kept_max}; };
-    const auto restore = [&](State& st) {
-      o = std::move(st.outcome);
-      held_max = std::move(st.held);
-      buffer_max = std::move(st.buffer);
-      alive_max = std::move(st.alive);
-      kept_max = std::move(st.kept);
-    };
-    State before = save();
+    // FLOPs plans' tick is shorter. The references above stay bound to
+    // acc's members, which only assignments replace.
+    const Accumulated before = acc;
     run_tick(plans);
-    State table_tick = save();
-    restore(before);
+    Accumulated table_tick = acc;
+    acc = before;
     run_tick(flops_plans);
-    if (!(o.iteration_s < table_tick.outcome.iteration_s)) restore(table_tick);
+    if (!(o.iteration_s < table_tick.o.iteration_s)) acc = std::move(table_tick);
   }
 
   // Activations: stage s holds at most CadInFlight(m, s) waves at once, its
