@@ -102,6 +102,7 @@ nlohmann::json ToJson(const Args& a, const SimOptions& o, const SimResult& r) {
           {"comm_budget", o.comm_budget},
           {"plan_by_flops", o.plan_by_flops},
           {"plan_by_table", o.plan_by_table},
+          {"fixed_tolerance", o.fixed_tolerance},
           {"servers", o.dedicated_servers},
           {"iteration_s", r.iteration_s},
           {"tokens_per_s", r.tokens_per_s},
@@ -325,6 +326,7 @@ int RunToleranceSweep(const Args& a, const std::vector<std::vector<int64_t>>& ba
   for (double eps : {0.0, 0.05, 0.1, 0.2, 0.4}) {
     SimOptions o = a.sim;
     o.tolerance = eps;
+    o.fixed_tolerance = true;  // the sweep's eps, not a looser one
     o.comm_budget = 0;
     std::vector<SimResult> results;
     const Status s = distca::Simulate(o, batches, cad, &results);
@@ -522,6 +524,9 @@ int Run(int argc, char** argv) {
   app.add_flag("--plan-by-flops", o.plan_by_flops,
                "distca plans by FLOPs alone, as distca-train does without --cost-table (by default it plans each tick "
                "by the hardware profile's measured attention table and by FLOPs, and keeps the faster)");
+  app.add_flag("--fixed-tolerance", o.fixed_tolerance,
+               "distca plans each tick at --tolerance only, not also at looser bounds (which move fewer bytes) "
+               "where their tick is shorter");
   app.add_flag("--plan-by-table", o.plan_by_table,
                "distca plans by the hardware profile's measured attention table alone, as distca-train does with "
                "--cost-table");
@@ -611,7 +616,7 @@ int Run(int argc, char** argv) {
     using distca::SimStrategy;
     if (app.count("--servers") > 0 && !listed({SimStrategy::kDistca}))
       return Fail("--servers gives distca dedicated servers: it needs distca among --strategies");
-    for (const char* flag : {"--plan-by-flops", "--plan-by-table"})
+    for (const char* flag : {"--plan-by-flops", "--plan-by-table", "--fixed-tolerance"})
       if (app.count(flag) > 0 && !listed({SimStrategy::kDistca}))
         return Fail(fmt::format("{} sets how distca plans: it needs distca among --strategies", flag));
     if (o.plan_by_flops && o.plan_by_table) return Fail("--plan-by-flops and --plan-by-table: give one of the two");

@@ -268,13 +268,19 @@ struct SimOptions {
   int64_t comm_budget = int64_t{2} << 30;
   // distca plans each tick by the hardware profile's measured attention
   // table (the seconds its servers spend) and by FLOPs, and keeps the plans
-  // whose tick the cost model predicts shorter (docs/simulator.md,
-  // "distca-paper, distca, colocated"); without a table it plans by FLOPs.
+  // whose tick the cost model predicts shortest (docs/simulator.md,
+  // "distca-paper, distca, colocated"); without a table, by FLOPs.
   // plan_by_flops: by FLOPs alone, as distca-train does without
   // --cost-table; plan_by_table: by the table alone, as distca-train does
   // with it. distca-paper always plans by FLOPs, as published. Default: off
   bool plan_by_flops = false;
   bool plan_by_table = false;
+  // distca also plans each tick by FLOPs at looser bounds than `tolerance`
+  // (doubling from 2 x max(tolerance, 0.05), three of them), which move
+  // fewer bytes, and keeps those plans where their tick is shorter; not
+  // with plan_by_flops or plan_by_table. fixed_tolerance: at `tolerance`
+  // only (the tolerance sweep). Default: off
+  bool fixed_tolerance = false;
   // SearchParallelism: distca, by default (a profile with a table for the
   // model, neither plan_by_flops nor plan_by_table), is first simulated at
   // every shape planning by FLOPs alone (a fifth of the time or less) and

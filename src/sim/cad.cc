@@ -133,8 +133,15 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
   const CostModel flops = CostModel::Flops(base.model);
   const bool by_table = variant.plan_by_measured_time && k.attention_table() != nullptr;
   const CostModel& plan_cost = by_table ? *k.attention_table() : flops;
-  // Each tick planned by FLOPs too, the faster kept (CadVariant::keep_faster_tick).
-  const bool two_plannings = by_table && variant.keep_faster_tick && !variant.artifact_buffer;
+  // Other plans for each tick, the fastest kept (CadVariant::
+  // keep_faster_tick, looser_tolerances): by FLOPs at eps where the first
+  // are the table's, and by FLOPs at each looser bound.
+  std::vector<double> other_tolerances;
+  if (!variant.artifact_buffer) {
+    if (by_table && variant.keep_faster_tick) other_tolerances.push_back(opt.tolerance);
+    double looser = std::max(opt.tolerance, kLooserToleranceBase);
+    for (int i = 0; i < variant.looser_tolerances; ++i) other_tolerances.push_back(looser *= 2);
+  }
 
   // What the ticks accumulate: the outcome, and per rank the peaks over
   // the ticks. A tick writes these and nothing else, so a candidate tick
@@ -249,7 +256,8 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
     // tolerance it tries.
     std::vector<std::vector<PlanDocument>> layouts(parts.size());
     for (size_t n = 0; n < parts.size(); ++n) DISTCA_RETURN_IF_ERROR(StageLayout(parts[n], G, &layouts[n]));
-    std::vector<Plan> plans(parts.size()), flops_plans;
+    std::vector<Plan> plans(parts.size());
+    std::vector<std::vector<Plan>> others;  // the other candidates that could be made
     auto plan_into = [&](size_t n, const PlanOptions& q, const CostModel& cost, std::vector<Plan>& into) {
       return BuildPlanForLayout(layouts[n], q, cost, &into[n])
           .WithContext(fmt::format("tick {}, nano-batch {}", tick, n));
@@ -273,11 +281,15 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
         if (plan_all(unbounded).ok()) planned = Status::FailedPrecondition(planned.message());
       }
       DISTCA_RETURN_IF_ERROR(planned);
-      // The other candidate: plans by FLOPs (none where one cannot be made).
-      if (two_plannings) {
-        flops_plans.resize(parts.size());
-        for (size_t n = 0; n < parts.size() && !flops_plans.empty(); ++n)
-          if (!plan_into(n, po, flops, flops_plans).ok()) flops_plans.clear();
+      // The other candidates, by FLOPs (a bound where one cannot be made
+      // offers none).
+      for (double eps : other_tolerances) {
+        PlanOptions q = po;
+        q.tolerance = eps;
+        std::vector<Plan> candidate(parts.size());
+        bool made = true;
+        for (size_t n = 0; n < parts.size() && made; ++n) made = plan_into(n, q, flops, candidate).ok();
+        if (made) others.push_back(std::move(candidate));
       }
     } else if (P == 1) {
       // DistCA's artifact (test_e2e_combined.py): every nano-batch of the
@@ -590,19 +602,22 @@ Status SimulateCad(const SimContext& ctx, const std::vector<int64_t>& batch, int
         }
       }
     };
-    if (flops_plans.empty()) {
+    if (others.empty()) {
       run_tick(plans);
       continue;
     }
-    // Both candidates from the same state; the table's kept unless the
-    // FLOPs plans' tick is shorter. The references above stay bound to
-    // acc's members, which only assignments replace.
+    // Every candidate from the same state; the first plans kept unless
+    // another's tick is shorter (the first of equals). The references above
+    // stay bound to acc's members, which only assignments replace.
     const Accumulated before = acc;
     run_tick(plans);
-    Accumulated table_tick = acc;
-    acc = before;
-    run_tick(flops_plans);
-    if (!(o.iteration_s < table_tick.o.iteration_s)) acc = std::move(table_tick);
+    Accumulated fastest = acc;
+    for (const std::vector<Plan>& candidate : others) {
+      acc = before;
+      run_tick(candidate);
+      if (o.iteration_s < fastest.o.iteration_s) fastest = std::move(acc);
+    }
+    acc = std::move(fastest);
   }
 
   // Activations: stage s holds at most CadInFlight(m, s) waves at once, its

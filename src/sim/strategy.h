@@ -170,6 +170,9 @@ Status RunContextParallel(const SimContext& ctx, const std::vector<CpStageCost>&
 
 // --- shared by the CAD strategies (cad.cc) ---
 
+// The least bound CadVariant::looser_tolerances doubles from.
+inline constexpr double kLooserToleranceBase = 0.05;
+
 struct CadVariant {
   // kColocated: distca-train --attention colocated: one plan per wave, no
   // ping-pong, no comm budget, no pooling with idle stages' ranks.
@@ -187,12 +190,15 @@ struct CadVariant {
   // the servers spend, forward + backward) where it has one, instead of by
   // FLOPs.
   bool plan_by_measured_time = false;
-  // With plan_by_measured_time and a table (and without the artifact's
-  // buffer loop): each tick is planned by FLOPs too, and the plans whose
-  // tick the cost model predicts shorter are kept. A table's plans balance
-  // the servers' seconds, but can move more bytes, which shows where the
-  // transfers outlast the compute that hides them.
+  // Without the artifact's buffer loop, other plans for each tick, the
+  // plans whose tick the cost model predicts shortest kept: with
+  // keep_faster_tick, plan_by_measured_time and a table, plans by FLOPs at
+  // eps (a table's plans balance the servers' seconds, but can move more
+  // bytes, which shows where the transfers outlast the compute that hides
+  // them); and plans by FLOPs at `looser_tolerances` bounds, doubling from
+  // 2 x max(eps, kLooserToleranceBase) (a looser bound moves fewer bytes).
   bool keep_faster_tick = false;
+  int looser_tolerances = 0;
   // A wave's two ping-pong nano-batches balanced in tokens and attention
   // (SplitNanoBatches); off: its first and second halves in order, as
   // DistCA's artifact splits ping and pong (EXPERIMENT_D2_BALANCE_PING_PONG

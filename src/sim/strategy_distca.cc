@@ -6,6 +6,10 @@
 
 namespace distca::sim {
 
+// Looser bounds tried per tick: 2, 4 and 8 x max(eps, 0.05), i.e. 0.1,
+// 0.2 and 0.4 at the default eps.
+constexpr int kDistcaLooserTolerances = 3;
+
 Status SimulateDistca(const SimContext& ctx, const std::vector<int64_t>& batch, int cp, BatchOutcome* out,
                       BatchCarry* /*carry*/) {
   CadVariant v;
@@ -24,8 +28,12 @@ Status SimulateDistca(const SimContext& ctx, const std::vector<int64_t>& batch, 
   // the mean in seconds where its FLOPs were 1.05x (docs/simulator.md). But
   // such plans can move more bytes: where the transfers show, the plans by
   // FLOPs can be faster, so each tick keeps the faster.
+  // And plans at looser bounds, which move fewer bytes: on a link the
+  // transfers outlast, the shortest tick can be at a larger eps.
+  const bool one_planning = ctx.options.plan_by_flops || ctx.options.plan_by_table;
   v.plan_by_measured_time = !ctx.options.plan_by_flops;
-  v.keep_faster_tick = !ctx.options.plan_by_flops && !ctx.options.plan_by_table;
+  v.keep_faster_tick = !one_planning;
+  v.looser_tolerances = one_planning || ctx.options.fixed_tolerance ? 0 : kDistcaLooserTolerances;
   return SimulateCad(ctx, batch, cp, v, out);
 }
 
