@@ -410,7 +410,8 @@ int RunSearch(const Args& a, const std::vector<std::vector<int64_t>>& batches,
   });
   if (screened)
     fmt::print(
-        "'~': distca planned by FLOPs only, over {:g}% slower there than at its fastest shape so planned that fits "
+        "'~': distca screened (planned without the table), over {:g}% slower there than at its fastest shape so "
+        "planned that fits "
         "(--search-exact simulates every shape in full)\n",
         100 * o.search_screen_margin);
   fmt::print("\nbest shape per strategy (speedup over wlb-ideal's best):\n");
@@ -522,14 +523,15 @@ int Run(int argc, char** argv) {
                  "tolerance lists (Default: 0.05)")
       ->check(nonneg);
   app.add_flag("--plan-by-flops", o.plan_by_flops,
-               "distca plans by FLOPs alone, as distca-train does without --cost-table (by default it plans each tick "
-               "by the hardware profile's measured attention table and by FLOPs, and keeps the faster)");
+               "distca plans by FLOPs alone at --tolerance, as distca-train does without --cost-table (by default it "
+               "plans each tick by the hardware profile's measured attention table and by FLOPs, at --tolerance and "
+               "at looser bounds, and keeps the fastest)");
   app.add_flag("--fixed-tolerance", o.fixed_tolerance,
                "distca plans each tick at --tolerance only, not also at looser bounds (which move fewer bytes) "
                "where their tick is shorter");
   app.add_flag("--plan-by-table", o.plan_by_table,
-               "distca plans by the hardware profile's measured attention table alone, as distca-train does with "
-               "--cost-table");
+               "distca plans by the hardware profile's measured attention table alone at --tolerance, as "
+               "distca-train does with --cost-table");
   app.add_option("--comm-budget", o.comm_budget,
                  "CAD buffer: bytes a device may send or receive in one all-to-all, 0 = unlimited (Default: 2 GiB = "
                  "2147483648)")
@@ -558,7 +560,7 @@ int Run(int argc, char** argv) {
   app.add_flag_callback(
       "--search-exact", [&o] { o.search_screen_margin = std::numeric_limits<double>::infinity(); },
       "with --search: simulate distca in full at every shape, not only where its screen "
-      "planned by FLOPs could be the fastest");
+      "(planned without the table) could be the fastest");
   if (int rc = 0; !distca::cli::Parse(app, argc, argv, &rc)) return rc;
 
   Status s = a.model.Resolve(&o.model);

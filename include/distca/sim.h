@@ -281,10 +281,15 @@ struct SimOptions {
   // with plan_by_flops or plan_by_table. fixed_tolerance: at `tolerance`
   // only (the tolerance sweep). Default: off
   bool fixed_tolerance = false;
+  // SearchParallelism's screen: distca plans as by default but without the
+  // table (by FLOPs at eps and at the looser bounds), which is several
+  // times faster and, tick by tick, at most the table's gain slower.
+  // Default: off
+  bool screen_planning = false;
   // SearchParallelism: distca, by default (a profile with a table for the
   // model, neither plan_by_flops nor plan_by_table), is first simulated at
-  // every shape planning by FLOPs alone (a fifth of the time or less) and
-  // then in full only where that screen is at most this fraction slower
+  // every shape without the table (screen_planning, a fraction of the
+  // time) and then in full only where that screen is at most this fraction slower
   // than the fastest fitting one (docs/simulator.md, "Choosing tp and
   // pp"). Infinity: every shape in full (--search-exact). Default:
   // kSearchScreenMargin

@@ -57,28 +57,26 @@ Status SearchParallelism(const SimOptions& options, const std::vector<std::vecto
   trials->clear();
   if (shapes.empty()) return Status::InvalidArgument("no (tp, pp) shape to search");
   if (std::isnan(options.search_screen_margin)) return Status::InvalidArgument("the search's screen margin is NaN");
-  // distca, whose planning each tick by the table and by FLOPs costs
-  // several times its planning by FLOPs alone, is screened: every shape
-  // planned by FLOPs alone first, then in full where the screen could be
-  // the fastest. Not with a profile that has no table for the model, nor
-  // with the table's plans alone (plan_by_table), which can be slower
-  // than the screen's: the margin rests on the full run's being at most
-  // the screen's.
+  // distca, whose planning by the table costs several times its planning
+  // by FLOPs, is screened: every shape planned as by default but without
+  // the table first (SimOptions::screen_planning), then in full where the
+  // screen could be the fastest. The full run's plans for a tick are the
+  // screen's and the table's, so it is at most the screen's and the margin
+  // bounds what the table's plans can gain. Not with a profile that has no
+  // table for the model, nor with one planning alone (plan_by_flops,
+  // plan_by_table), which can be slower than the screen.
   const bool has_table = std::any_of(options.hardware.attention_tables.begin(), options.hardware.attention_tables.end(),
                                      [&](const AttentionTable& t) { return t.Serves(options.model.head_dim()); });
   std::vector<bool> screen(strategies.size(), false);
   for (size_t i = 0; i < strategies.size(); ++i)
     screen[i] = strategies[i] == SimStrategy::kDistca && has_table && !options.plan_by_flops &&
                 !options.plan_by_table && std::isfinite(options.search_screen_margin);
-  // Simulates strategy i at trial t's shape, by FLOPs if `screened`.
+  // Simulates strategy i at trial t's shape, without the table if `screened`.
   const auto simulate = [&](ShapeTrial& t, size_t i, bool screened) {
     SimOptions o = options;
     o.tp = t.tp;
     o.pp = t.pp;
-    if (screened) {
-      o.plan_by_flops = true;
-      o.plan_by_table = false;
-    }
+    o.screen_planning = screened;
     std::vector<SimResult> one;  // one strategy at a time, so that one failing leaves the others
     t.status[i] = Simulate(o, batches, {strategies[i]}, &one);
     t.results[i] = t.status[i].ok() ? one.front() : SimResult{};

@@ -31,7 +31,7 @@ Status SimulateDistca(const SimContext& ctx, const std::vector<int64_t>& batch, 
   // And plans at looser bounds, which move fewer bytes: on a link the
   // transfers outlast, the shortest tick can be at a larger eps.
   const bool one_planning = ctx.options.plan_by_flops || ctx.options.plan_by_table;
-  v.plan_by_measured_time = !ctx.options.plan_by_flops;
+  v.plan_by_measured_time = !ctx.options.plan_by_flops && !ctx.options.screen_planning;
   v.keep_faster_tick = !one_planning;
   v.looser_tolerances = one_planning || ctx.options.fixed_tolerance ? 0 : kDistcaLooserTolerances;
   return SimulateCad(ctx, batch, cp, v, out);

@@ -147,7 +147,7 @@ TEST(SearchParallelismTest, AStrategyThatCannotRunAtTheFirstShapesPicksAmongTheO
 
 // A search where distca plans by a measured table, its four-shape options
 // and batches, and each shape's result simulated on its own (in full, or
-// by FLOPs alone).
+// as screened: without the table).
 struct TableSearch {
   SimOptions options = TestOptions();
   std::vector<std::vector<int64_t>> batches = {{2048, 1024, 512, 256, 128, 64, 32, 32}, {4096}};
@@ -159,18 +159,18 @@ struct TableSearch {
     options.model.num_layers = 8;
     options.hardware.attention_tables = {sim_test::ByPrefixTable()};
   }
-  double Alone(const ShapeTrial& t, bool by_flops) const {
+  double Alone(const ShapeTrial& t, bool screen) const {
     SimOptions o = options;
     o.tp = t.tp;
     o.pp = t.pp;
-    o.plan_by_flops = by_flops;
+    o.screen_planning = screen;
     std::vector<SimResult> r;
     EXPECT_TRUE(Simulate(o, batches, {SimStrategy::kDistca}, &r).ok());
     return r.empty() ? 0.0 : r[0].iteration_s;
   }
 };
 
-TEST(SearchParallelismTest, ScreensDistcaByFlopsAndSimulatesByTheTableWhereItCouldBeFastest) {
+TEST(SearchParallelismTest, ScreensDistcaWithoutTheTableAndSimulatesInFullWhereItCouldBeFastest) {
   TableSearch s;
   const auto shapes = ParallelShapes(s.options);
   std::vector<ShapeChoice> exact, best;
@@ -187,7 +187,7 @@ TEST(SearchParallelismTest, ScreensDistcaByFlopsAndSimulatesByTheTableWhereItCou
   EXPECT_EQ(reported, int(shapes.size()));
   // The fastest screen, planned by FLOPs.
   double fastest = std::numeric_limits<double>::infinity();
-  for (const ShapeTrial& t : trials) fastest = std::min(fastest, s.Alone(t, /*by_flops=*/true));
+  for (const ShapeTrial& t : trials) fastest = std::min(fastest, s.Alone(t, /*screen=*/true));
   int screened = 0;
   for (size_t k = 0; k < trials.size(); ++k) {
     const ShapeTrial& t = trials[k];
@@ -195,12 +195,14 @@ TEST(SearchParallelismTest, ScreensDistcaByFlopsAndSimulatesByTheTableWhereItCou
     EXPECT_FALSE(t.screened[0]) << "wlb-ideal has no table to plan by";
     EXPECT_EQ(t.results[0].iteration_s, exact_trials[k].results[0].iteration_s);
     EXPECT_FALSE(exact_trials[k].screened[1]);
-    const double by_flops = s.Alone(t, true);
-    // Screened exactly where FLOPs are over the margin slower than the
-    // fastest screen, and then the screen's result; else the table's.
-    EXPECT_EQ(t.screened[1], by_flops > (1 + kSearchScreenMargin) * fastest) << k;
-    EXPECT_EQ(t.results[1].iteration_s, t.screened[1] ? by_flops : exact_trials[k].results[1].iteration_s) << k;
+    const double screen = s.Alone(t, true);
+    // Screened exactly where the screen is over the margin slower than the
+    // fastest screen, and then the screen's result; else the full one,
+    // which is at most the screen's.
+    EXPECT_EQ(t.screened[1], screen > (1 + kSearchScreenMargin) * fastest) << k;
+    EXPECT_EQ(t.results[1].iteration_s, t.screened[1] ? screen : exact_trials[k].results[1].iteration_s) << k;
     EXPECT_EQ(exact_trials[k].results[1].iteration_s, s.Alone(t, false)) << k;
+    EXPECT_LE(exact_trials[k].results[1].iteration_s, screen) << k;
     screened += t.screened[1];
   }
   EXPECT_GT(screened, 0);
@@ -241,7 +243,7 @@ TEST(SearchParallelismTest, AScreenThatWouldBeChosenIsSimulatedInFull) {
   int by_table = 0;
   for (const ShapeTrial& t : trials) {
     by_table += !t.screened[1];
-    EXPECT_EQ(t.results[1].iteration_s, s.Alone(t, /*by_flops=*/t.screened[1]));
+    EXPECT_EQ(t.results[1].iteration_s, s.Alone(t, /*screen=*/t.screened[1]));
   }
   // Here once: the full run (each tick the faster of two plannings) is at
   // most the screen's, so the first shape simulated in full stays the best.
