@@ -276,7 +276,7 @@ struct SimOptions {
   bool plan_by_flops = false;
   bool plan_by_table = false;
   // distca also plans each tick by FLOPs at looser bounds than `tolerance`
-  // (doubling from 2 x max(tolerance, 0.05), three of them), which move
+  // (0.1, 0.2 and 0.4 at the default; docs/simulator.md), which move
   // fewer bytes, and keeps those plans where their tick is shorter; not
   // with plan_by_flops or plan_by_table. fixed_tolerance: at `tolerance`
   // only (the tolerance sweep). Default: off

@@ -170,8 +170,11 @@ Status RunContextParallel(const SimContext& ctx, const std::vector<CpStageCost>&
 
 // --- shared by the CAD strategies (cad.cc) ---
 
-// The least bound CadVariant::looser_tolerances doubles from.
+// CadVariant::looser_tolerances: the bounds double from 2 x max(eps,
+// kLooserToleranceBase); distca tries kDistcaLooserTolerances of them
+// (0.1, 0.2 and 0.4 at the default eps).
 inline constexpr double kLooserToleranceBase = 0.05;
+inline constexpr int kDistcaLooserTolerances = 3;
 
 struct CadVariant {
   // kColocated: distca-train --attention colocated: one plan per wave, no

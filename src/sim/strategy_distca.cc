@@ -6,10 +6,6 @@
 
 namespace distca::sim {
 
-// Looser bounds tried per tick: 2, 4 and 8 x max(eps, 0.05), i.e. 0.1,
-// 0.2 and 0.4 at the default eps.
-constexpr int kDistcaLooserTolerances = 3;
-
 Status SimulateDistca(const SimContext& ctx, const std::vector<int64_t>& batch, int cp, BatchOutcome* out,
                       BatchCarry* /*carry*/) {
   CadVariant v;
@@ -26,10 +22,9 @@ Status SimulateDistca(const SimContext& ctx, const std::vector<int64_t>& batch, 
   // Balance what the servers spend: the kernel's time per FLOP varies with a
   // task's shape, and a plan even in FLOPs left its busiest server 1.07x
   // the mean in seconds where its FLOPs were 1.05x (docs/simulator.md). But
-  // such plans can move more bytes: where the transfers show, the plans by
-  // FLOPs can be faster, so each tick keeps the faster.
-  // And plans at looser bounds, which move fewer bytes: on a link the
-  // transfers outlast, the shortest tick can be at a larger eps.
+  // such plans can move more bytes, and where the transfers show, plans by
+  // FLOPs, or at a looser bound (fewer bytes still), can make a shorter
+  // tick: each tick keeps the shortest of them.
   const bool one_planning = ctx.options.plan_by_flops || ctx.options.plan_by_table;
   v.plan_by_measured_time = !ctx.options.plan_by_flops && !ctx.options.screen_planning;
   v.keep_faster_tick = !one_planning;
