@@ -162,10 +162,10 @@ const char* WlbScopeName(WlbScope scope);
 Status ParseWlbScope(std::string_view name, WlbScope* scope);
 
 // SimOptions::search_screen_margin's default. Over the 90 shapes of the
-// paper's 4D configurations searched, distca's step in full was 0.8-4.5%
-// shorter than planned by FLOPs alone, and its fastest shape in full was
-// at most 1.6% slower by FLOPs than the fastest by FLOPs (docs/
-// simulator.md, "Choosing tp and pp").
+// paper's 4D configurations searched, the 54 kept at their screen would
+// have run at most 1.7% shorter in full, and the search chose as the
+// exact one in all 18 configurations (docs/simulator.md, "Choosing tp
+// and pp").
 inline constexpr double kSearchScreenMargin = 0.05;
 
 struct SimOptions {
@@ -416,9 +416,9 @@ struct ShapeTrial {
   int tp = 0, pp = 0;
   std::vector<Status> status;
   std::vector<SimResult> results;
-  // Per strategy: true where the result is the screen's (distca planned by
-  // FLOPs alone; see SimOptions::search_screen_margin), kept because the
-  // shape could not be the fastest.
+  // Per strategy: true where the result is the screen's (distca planned
+  // without the table; see SimOptions::search_screen_margin), kept because
+  // the shape could not be the fastest.
   std::vector<bool> screened;
 };
 
@@ -433,8 +433,8 @@ struct ShapeTrial {
 // others their choices. An error says that no strategy runs at any shape
 // (naming the first one's reasons) or that `shapes` is empty.
 // distca planning by default is screened (see
-// SimOptions::search_screen_margin): simulated at every shape by FLOPs
-// alone, then in full where that screen is within the margin of the
+// SimOptions::search_screen_margin): simulated at every shape without
+// the table, then in full where that screen is within the margin of the
 // fastest fitting one (at every shape when none fits), and wherever a kept
 // screen would otherwise be chosen, so a choice is always simulated in
 // full.

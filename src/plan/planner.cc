@@ -32,6 +32,12 @@ Status ParsePlanWire(std::string_view name, PlanWire* wire) { return ParseEnumNa
 
 namespace plan {
 
+std::vector<double> TaskLoads(const Plan& plan, const CostModel& cost) {
+  std::vector<double> load(plan.servers(), 0.0);
+  for (const PlanTask& t : plan.tasks) load[t.server] += cost.TaskCost(t.q_begin, t.q_end);
+  return load;
+}
+
 Status PlanColocated(const CostModel& cost, Plan* plan, std::vector<double>* loads) {
   plan->tasks.clear();
   loads->assign(plan->servers(), 0.0);

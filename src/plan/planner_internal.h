@@ -37,6 +37,9 @@ Status CheckPlanShape(int ranks, int dedicated_servers, const PlanModel& model);
 // partition it and lie on ranks of the plan.
 Status CheckLayout(const Plan& plan);
 
+// Each server's load under `cost`: its tasks' costs summed in task order.
+std::vector<double> TaskLoads(const Plan& plan, const CostModel& cost);
+
 // A policy fills plan->tasks for the documents already in plan->documents,
 // keeping its own running load per server in *loads (cross-checked against a
 // from-scratch recomputation by BuildPlan). eps is the tolerance to plan for.

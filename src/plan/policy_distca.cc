@@ -1073,8 +1073,7 @@ Status PlanDistca(const CostModel& cost, double eps, DistcaRead read, Plan* plan
     Plan trial = input;
     std::vector<double> flops_loads;
     DISTCA_RETURN_IF_ERROR(PlanDistcaAt(CostModel::Flops(input.model), eps, read, &trial, &flops_loads));
-    std::vector<double> trial_loads(trial.servers(), 0.0);
-    for (const PlanTask& t : trial.tasks) trial_loads[t.server] += cost.TaskCost(t.q_begin, t.q_end);
+    std::vector<double> trial_loads = TaskLoads(trial, cost);
     consider(trial, trial_loads);
   }
   // Where eps is below what any plan reaches (eps 0, or the blocks'

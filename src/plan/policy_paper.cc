@@ -330,9 +330,7 @@ void PaperPlanner::Run(std::vector<double>* loads) {
     if (it.head_begin < it.head_end) plan_.tasks.push_back({it.doc, it.head_begin, it.head_end, it.server});
     if (it.tail_begin < it.tail_end) plan_.tasks.push_back({it.doc, it.tail_begin, it.tail_end, it.server});
   }
-  load.assign(servers, 0.0);
-  for (const PlanTask& t : plan_.tasks) load[t.server] += cost_.TaskCost(t.q_begin, t.q_end);
-  *loads = std::move(load);
+  *loads = TaskLoads(plan_, cost_);
 }
 
 }  // namespace
